@@ -1,0 +1,412 @@
+"""Experiment configuration: a typed schema of dataclasses, filled strictly from YAML and CLI overrides.
+
+Every key is checked: an unknown key is an error that names the accepted ones, a value of the wrong
+type is an error that names the expected type. ``key=value`` overrides from the command line address
+fields by dotted path (``train.lr=1e-3``, ``eval.sizes=[28,56]``) and are type-checked the same way.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import yaml
+
+SCALINGS: tuple[str, ...] = ("linear", "ntk", "yarn")
+PROTOCOLS: tuple[str, ...] = ("resize", "canvas")
+
+
+class ConfigError(ValueError):
+    """A config file or override is invalid; the message says what is wrong and what is accepted."""
+
+
+@dataclass
+class DataConfig:
+    """Where the images come from and which subset is used."""
+
+    dataset: Literal["fashion_mnist", "folder"] = "fashion_mnist"
+    root: str | None = None  # fashion_mnist: folder of the idx .gz files (found automatically if None)
+    train_split: str = "train"  # folder: sub-folder of root with one folder per class
+    val_split: str = "val"
+    img_size: int = 28  # training resolution in pixels (square)
+    classes: list[str] | None = None  # folder: keep these class folders, in this order
+    class_file: str | None = None  # folder: a text file with one class folder name per line
+    num_classes: int | None = None  # keep the first N classes (sorted names / label order)
+    train_per_class: int | None = None  # keep the first N training images of each class
+    val_per_class: int | None = None
+    on_corrupt: Literal["skip", "error"] = "skip"  # unreadable image: skip and count, or stop naming it
+    workers: int = 0  # DataLoader workers for folder datasets
+    augment: Literal["none", "flip", "crop_flip"] = "none"  # training augmentation
+    crop_pct: float = 0.875  # folder: eval transform resizes to img_size / crop_pct then centre-crops
+    mean: list[float] | None = None  # None: the dataset's own statistics (Fashion-MNIST) or ImageNet's
+    std: list[float] | None = None
+
+
+@dataclass
+class ModelConfig:
+    """A timm ViT; None fields keep the timm architecture's own value."""
+
+    name: str = "vit_tiny_patch16_224"
+    patch_size: int | None = None
+    embed_dim: int | None = None
+    depth: int | None = None
+    num_heads: int | None = None
+    mlp_ratio: float | None = None
+    class_token: bool | None = None
+    global_pool: Literal["token", "avg", "max", "avgmax", "map"] | None = None
+    drop_rate: float = 0.0
+    drop_path_rate: float = 0.0
+    kwargs: dict[str, Any] = field(default_factory=dict)  # passed to timm.create_model as they are
+
+
+@dataclass
+class SchemeConfig:
+    """One row of the comparison: a positional scheme to train, or an evaluation-only variant of one.
+
+    In YAML a plain string is accepted: ``rope2d`` (one scheme), ``learned2d+rope2d`` (a combination)
+    or ``rope2d+yarn`` (the trained ``rope2d`` model evaluated with RoPE scaling ``yarn``).
+    """
+
+    name: str
+    pos: list[str] = field(default_factory=list)  # vispos registry names ("timm": timm's own table)
+    options: dict[str, Any] = field(default_factory=dict)  # forwarded to vispos.patch
+    base: str | None = None  # evaluation-only: reuse the trained model of this scheme entry
+    scaling: Literal["linear", "ntk", "yarn"] | None = None  # RoPE scaling applied at evaluation only
+    scaling_options: dict[str, Any] = field(default_factory=dict)
+    drope: float = 0.0  # DroPE: positions switched off for this final fraction of the training steps
+
+    @property
+    def trains(self) -> bool:
+        return self.base is None
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation and schedule, identical for every scheme of a run."""
+
+    epochs: int = 3
+    batch_size: int = 128  # global batch (split over DDP processes)
+    lr: float = 2e-3
+    min_lr: float = 0.0
+    weight_decay: float = 0.05
+    warmup: float = 0.1  # fraction of all steps with a linear warm-up, then cosine decay to min_lr
+    grad_clip: float | None = 1.0
+    label_smoothing: float = 0.0
+    precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
+    compile: bool = False
+    checkpoint_every: int = 100  # steps between mid-epoch checkpoints (0: only at epoch ends)
+    val_every_epoch: bool = True  # accuracy at the training resolution after each epoch (CSV log)
+
+
+@dataclass
+class EvalConfig:
+    """Resolutions and protocols of the extrapolation evaluation."""
+
+    sizes: list[int] | None = None  # evaluation resolutions in pixels
+    scales: list[float] | None = None  # or multiples of the training resolution (rounded to the patch)
+    protocols: list[Literal["resize", "canvas"]] = field(default_factory=lambda: list(PROTOCOLS))
+    canvas_position: Literal["center", "random"] = "center"
+    canvas_snap: bool = True  # canvas offsets are multiples of the patch size (patches keep their content)
+    canvas_fill: float | None = None  # background in pixel units [0, 1]; None: black (Fashion-MNIST), mean
+    max_images: int | None = None  # evaluate on a fixed subset of the validation set
+    batch_size: int = 256
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
+
+
+@dataclass
+class DebugConfig:
+    """Test hooks: interrupt a run after a number of optimiser steps, or inject a non-finite loss."""
+
+    stop_after_steps: int | None = None
+    nan_at_step: int | None = None
+
+
+@dataclass
+class ExperimentConfig:
+    """A whole run: several schemes trained under identical settings, then evaluated."""
+
+    name: str
+    schemes: list[SchemeConfig]
+    seed: int = 0
+    out_dir: str | None = None  # default runs/<name>
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    threads: int | None = None  # torch intra-op threads on CPU
+    progress: bool = True  # tqdm bars (always off when stderr is not a terminal)
+    resume: bool = True  # continue from checkpoints / results already in out_dir
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    debug: DebugConfig = field(default_factory=DebugConfig)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.out_dir) if self.out_dir else Path("runs") / self.name
+
+    def scheme(self, name: str) -> SchemeConfig:
+        for s in self.schemes:
+            if s.name == name:
+                return s
+        raise ConfigError(f"no scheme named {name!r}; schemes: {', '.join(s.name for s in self.schemes)}")
+
+
+# ----------------------------------------------------------------------------------------------------
+# strict conversion from plain data
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is list:
+        return f"list of {_type_name(typing.get_args(tp)[0])}"
+    if origin is dict:
+        return "mapping"
+    if tp is type(None):
+        return "null"
+    if dataclasses.is_dataclass(tp):
+        return "mapping"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _convert(value: Any, tp: Any, where: str) -> Any:
+    """Check ``value`` against type ``tp`` and return it in that type (dataclasses built recursively)."""
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return value
+    if origin in (Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _convert(value, a, where)
+            except ConfigError as e:
+                errors.append(e)
+        if len(errors) == 1:
+            raise errors[0]
+        raise ConfigError(f"{where}: expected {_type_name(tp)}, got {value!r}")
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        if value not in choices or isinstance(value, bool):
+            raise ConfigError(f"{where}: {value!r} is not accepted; accepted: {', '.join(map(str, choices))}")
+        return value
+    if origin is list:
+        (item_tp,) = typing.get_args(tp)
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a list of {_type_name(item_tp)}, got {value!r}")
+        return [_convert(v, item_tp, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+            raise ConfigError(f"{where}: expected a mapping with string keys, got {value!r}")
+        return copy.deepcopy(value)
+    if dataclasses.is_dataclass(tp):
+        return _from_dict(tp, value, where)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: expected true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where}: expected an int, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads "1e-3" as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where}: expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: expected a string, got {value!r}")
+        return value
+    raise ConfigError(f"{where}: unsupported type {tp!r}")  # a schema bug, not a user error
+
+
+def _scheme_from_string(text: str, where: str) -> dict[str, Any]:
+    parts = [p.strip() for p in text.split("+")]
+    if not all(parts):
+        raise ConfigError(f"{where}: bad scheme {text!r}; write 'name', 'a+b' or 'name+{'|'.join(SCALINGS)}'")
+    if len(parts) == 2 and parts[1] in SCALINGS:
+        return {"name": text, "base": parts[0], "scaling": parts[1]}
+    return {"name": text, "pos": parts}
+
+
+def _from_dict(cls: type, data: Any, where: str) -> Any:
+    if cls is SchemeConfig and isinstance(data, str):
+        data = _scheme_from_string(data, where)
+    if cls is SchemeConfig and isinstance(data, dict) and isinstance(data.get("pos"), str):
+        data = {**data, "pos": [p.strip() for p in data["pos"].split("+")]}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where or 'config'}: expected a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = [k for k in data if k not in fields]
+    if unknown:
+        k = unknown[0]
+        close = difflib.get_close_matches(str(k), fields, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        prefix = f"{where}." if where else ""
+        raise ConfigError(
+            f"unknown config key {prefix}{k}{hint}; accepted keys{' in ' + where if where else ''}: "
+            f"{', '.join(fields)}"
+        )
+    kwargs = {}
+    for name, f in fields.items():
+        key = f"{where}.{name}" if where else name
+        if name in data:
+            kwargs[name] = _convert(data[name], hints[name], key)
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ConfigError(f"missing required config key {key}")
+    return cls(**kwargs)
+
+
+def to_dict(cfg: Any) -> Any:
+    """Plain data (dicts, lists, primitives) of a config dataclass: YAML- and checkpoint-safe."""
+    return dataclasses.asdict(cfg)
+
+
+# ----------------------------------------------------------------------------------------------------
+# cross-field checks
+
+
+def validate(cfg: ExperimentConfig) -> ExperimentConfig:
+    """Checks across fields; raises ConfigError naming the problem and what is accepted."""
+    if not cfg.schemes:
+        raise ConfigError("schemes: list at least one scheme")
+    names = [s.name for s in cfg.schemes]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ConfigError(f"schemes: names must be unique; repeated: {', '.join(dupes)}")
+    trained = {s.name for s in cfg.schemes if s.trains}
+    for s in cfg.schemes:
+        where = f"schemes[{s.name}]"
+        if s.trains and not s.pos:
+            raise ConfigError(f"{where}: give pos (a registry name or a list) or base (a trained scheme)")
+        if not s.trains:
+            if s.base not in trained:
+                raise ConfigError(
+                    f"{where}: base {s.base!r} is not a trained scheme of this config; "
+                    f"trained: {', '.join(sorted(trained))}"
+                )
+            if s.pos or s.options or s.drope:
+                raise ConfigError(f"{where}: an evaluation-only entry (base) takes no pos, options or drope")
+        if not 0.0 <= s.drope < 1.0:
+            raise ConfigError(f"{where}: drope is a fraction of training in [0, 1), got {s.drope}")
+        if s.scaling_options and s.scaling is None:
+            raise ConfigError(f"{where}: scaling_options given without scaling ({', '.join(SCALINGS)})")
+    t, d, e = cfg.train, cfg.data, cfg.eval
+    for key, val in (("train.epochs", t.epochs), ("train.batch_size", t.batch_size), ("data.img_size", d.img_size),
+                     ("eval.batch_size", e.batch_size)):
+        if val < 1:
+            raise ConfigError(f"{key} must be >= 1, got {val}")
+    if t.checkpoint_every < 0:
+        raise ConfigError(f"train.checkpoint_every must be >= 0 (0: epoch ends only), got {t.checkpoint_every}")
+    if not 0.0 <= t.warmup < 1.0:
+        raise ConfigError(f"train.warmup is a fraction of all steps in [0, 1), got {t.warmup}")
+    if (e.sizes is None) == (e.scales is None):
+        raise ConfigError("eval: give exactly one of sizes (pixels) or scales (multiples of data.img_size)")
+    if not e.protocols or len(set(e.protocols)) != len(e.protocols):
+        raise ConfigError(f"eval.protocols: list each of {', '.join(PROTOCOLS)} at most once, at least one")
+    if d.dataset == "folder" and d.root is None:
+        raise ConfigError("data.root: a folder dataset needs the folder holding train/ and val/")
+    if d.classes is not None and d.class_file is not None:
+        raise ConfigError("data: give classes or class_file, not both")
+    for key, val in (("data.num_classes", d.num_classes), ("data.train_per_class", d.train_per_class),
+                     ("data.val_per_class", d.val_per_class), ("eval.max_images", e.max_images)):
+        if val is not None and val < 1:
+            raise ConfigError(f"{key} must be >= 1 or null, got {val}")
+    if (d.mean is None) != (d.std is None):
+        raise ConfigError("data: give both mean and std, or neither")
+    return cfg
+
+
+# ----------------------------------------------------------------------------------------------------
+# loading and overrides
+
+
+def _field_type(path: list[str]) -> Any:
+    tp: Any = ExperimentConfig
+    for i, part in enumerate(path):
+        if not dataclasses.is_dataclass(tp):
+            raise ConfigError(f"override {'.'.join(path)}: {'.'.join(path[:i])} has no sub-keys")
+        hints = typing.get_type_hints(tp)
+        if part not in hints:
+            where = ".".join(path[:i]) or "the top level"
+            close = difflib.get_close_matches(part, hints, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(
+                f"unknown config key {'.'.join(path)}{hint}; accepted keys in {where}: {', '.join(hints)}"
+            )
+        tp = hints[part]
+    return tp
+
+
+def _parse_override_value(raw: str, tp: Any) -> Any:
+    """A CLI value: strings stay strings for str fields, everything else is read as YAML."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp) if origin in (Union, types.UnionType) else (tp,)
+    if raw.lower() in ("null", "none", "~") and type(None) in args:
+        return None
+    if str in args:
+        return raw
+    value = yaml.safe_load(raw) if raw else None
+    return value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``a.b=value`` strings to raw config data (type checks happen when the schema is filled)."""
+    data = copy.deepcopy(data)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r}: write key=value, e.g. train.lr=1e-3")
+        key, raw = item.split("=", 1)
+        path = key.strip().split(".")
+        tp = _field_type(path)
+        value = _parse_override_value(raw.strip(), tp)
+        try:
+            _convert(value, tp, key)
+        except ConfigError as e:
+            raise ConfigError(f"override {item!r}: {e}") from None
+        node = data
+        for part in path[:-1]:
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            node = child
+        node[path[-1]] = value
+    return data
+
+
+def config_from_dict(data: Any) -> ExperimentConfig:
+    """Fill and validate the schema from plain data."""
+    return validate(_from_dict(ExperimentConfig, data, ""))
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
+    """Read a YAML config, apply ``key=value`` overrides, validate strictly."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of config keys")
+    data = apply_overrides(data, overrides or [])
+    return config_from_dict(data)

@@ -1,0 +1,1 @@
+"""Diagnostics (placeholder until issue 5 lands)."""

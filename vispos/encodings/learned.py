@@ -1,0 +1,98 @@
+"""Learned absolute embeddings: a 1D table per position, a 2D table per patch (ViT), or row + column (NaViT)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .._validate import check_bool, check_choice, check_grid, check_int, check_positions
+
+OUT_OF_RANGE: tuple[str, ...] = ("error", "clamp", "interpolate")
+
+
+def resample_table_2d(table: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+    """[H, W, d] -> [H', W', d]: bicubic with antialiasing (timm's ``resample_abs_pos_embed`` rule)."""
+    if tuple(table.shape[:2]) == tuple(grid):
+        return table
+    img = table.permute(2, 0, 1)[None].float()  # [1, d, H, W]
+    out = F.interpolate(img, size=grid, mode="bicubic", antialias=True, align_corners=False)
+    return out[0].permute(1, 2, 0).to(table.dtype)
+
+
+class Learned1d(nn.Module):
+    """A trainable [max_len, dim] table. Beyond ``max_len`` it must be told what to do (``out_of_range``):
+    ``error`` (default), ``clamp`` (reuse the last row) or ``interpolate`` (stretch the table linearly)."""
+
+    def __init__(self, *, dim: int, max_len: int = 512, out_of_range: str = "error", init_std: float = 0.02) -> None:
+        super().__init__()
+        self.dim = check_int("dim", dim, minimum=1)
+        self.max_len = check_int("max_len", max_len, minimum=1)
+        self.out_of_range = check_choice("out_of_range", out_of_range, OUT_OF_RANGE)
+        self.table = nn.Parameter(torch.zeros(self.max_len, self.dim))
+        nn.init.trunc_normal_(self.table, std=init_std)
+
+    def forward(self, positions: torch.Tensor | int) -> torch.Tensor:
+        """-> [(B,) N, dim] in the table's dtype."""
+        positions = check_positions(positions).to(self.table.device)
+        needed = int(positions.max()) + 1
+        if needed <= self.max_len:
+            return self.table[positions]
+        if self.out_of_range == "error":
+            raise ValueError(
+                f"learned1d table has {self.max_len} positions, got position {needed - 1}; "
+                "set out_of_range='clamp' or 'interpolate' to go beyond it"
+            )
+        if self.out_of_range == "clamp":
+            return self.table[positions.clamp(max=self.max_len - 1)]
+        stretched = F.interpolate(self.table.T[None].float(), size=needed, mode="linear", align_corners=True)
+        return stretched[0].T.to(self.table.dtype)[positions]
+
+
+class Learned2d(nn.Module):
+    """A trainable [H, W, dim] table for the training grid (ViT), resampled bicubically at other grids.
+
+    ``factorized=True`` learns a row table [H, dim] and a column table [W, dim] and adds them (NaViT).
+    ``num_prefix_tokens`` > 0 adds a [P, dim] table for prefix tokens (timm models whose ``pos_embed``
+    covers the class token); the grid part never includes them.
+    """
+
+    def __init__(
+        self,
+        *,
+        dim: int,
+        grid: tuple[int, int] = (14, 14),
+        factorized: bool = False,
+        num_prefix_tokens: int = 0,
+        init_std: float = 0.02,
+    ) -> None:
+        super().__init__()
+        self.dim = check_int("dim", dim, minimum=1)
+        self.grid = check_grid(grid)
+        self.factorized = check_bool("factorized", factorized)
+        check_int("num_prefix_tokens", num_prefix_tokens, minimum=0)
+        h, w = self.grid
+        if self.factorized:
+            self.row = nn.Parameter(torch.zeros(h, dim))
+            self.col = nn.Parameter(torch.zeros(w, dim))
+            tables = (self.row, self.col)
+        else:
+            self.table = nn.Parameter(torch.zeros(h, w, dim))
+            tables = (self.table,)
+        self.prefix = nn.Parameter(torch.zeros(num_prefix_tokens, dim)) if num_prefix_tokens else None
+        for t in (*tables, self.prefix):
+            if t is not None:
+                nn.init.trunc_normal_(t, std=init_std)
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        return 0 if self.prefix is None else self.prefix.shape[0]
+
+    def forward(self, grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
+        """-> [H*W, dim] for the patch tokens of ``grid``, in the parameters' dtype."""
+        h, w = check_grid(grid)
+        if self.factorized:
+            row = resample_table_2d(self.row[:, None], (h, 1))[:, 0]  # [H', d]
+            col = resample_table_2d(self.col[None], (1, w))[0]  # [W', d]
+            return (row[:, None] + col[None]).reshape(h * w, self.dim)
+        return resample_table_2d(self.table, (h, w)).reshape(h * w, self.dim)

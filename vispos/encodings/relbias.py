@@ -1,0 +1,92 @@
+"""Learned relative position biases on the attention logits: Swin's table and SwinV2's continuous MLP.
+
+Both return a bias [heads, H*W, H*W] for the patch tokens of a grid; prefix tokens get zero bias from
+the caller (see ``vispos.attention``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .._validate import check_float, check_grid, check_int
+
+
+def relative_offsets_2d(grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
+    """Offsets (dy, dx) = p_query - p_key for every pair of patches: [HW, HW, 2], row-major."""
+    h, w = grid
+    yy, xx = torch.meshgrid(torch.arange(h, device=device), torch.arange(w, device=device), indexing="ij")
+    coords = torch.stack((yy.flatten(), xx.flatten()), dim=-1)  # [HW, 2]
+    return coords[:, None, :] - coords[None, :, :]
+
+
+def relative_index_2d(grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
+    """Swin's rule: index = (dy + H - 1) * (2W - 1) + (dx + W - 1), into a (2H-1)(2W-1) table. [HW, HW]."""
+    h, w = grid
+    rel = relative_offsets_2d(grid, device)
+    return (rel[..., 0] + h - 1) * (2 * w - 1) + (rel[..., 1] + w - 1)
+
+
+def resize_bias_table(table: torch.Tensor, old_grid: tuple[int, int], new_grid: tuple[int, int]) -> torch.Tensor:
+    """[(2H-1)(2W-1), heads] -> [(2H'-1)(2W'-1), heads], bicubic over the (dy, dx) plane."""
+    if tuple(old_grid) == tuple(new_grid):
+        return table
+    (h, w), (h2, w2) = old_grid, new_grid
+    heads = table.shape[-1]
+    plane = table.T.reshape(1, heads, 2 * h - 1, 2 * w - 1).float()
+    out = F.interpolate(plane, size=(2 * h2 - 1, 2 * w2 - 1), mode="bicubic", antialias=True, align_corners=False)
+    return out.reshape(heads, -1).T.to(table.dtype)
+
+
+class RelBias2d(nn.Module):
+    """Swin relative position bias: one learned scalar per head for each (dy, dx) of the training grid."""
+
+    def __init__(self, *, num_heads: int, grid: tuple[int, int] = (14, 14), init_std: float = 0.02) -> None:
+        super().__init__()
+        self.num_heads = check_int("num_heads", num_heads, minimum=1)
+        self.grid = check_grid(grid)
+        h, w = self.grid
+        self.table = nn.Parameter(torch.zeros((2 * h - 1) * (2 * w - 1), num_heads))
+        nn.init.trunc_normal_(self.table, std=init_std)
+
+    def forward(self, grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
+        """-> [heads, HW, HW]; the table is resized when ``grid`` differs from the training grid."""
+        grid = check_grid(grid)
+        table = resize_bias_table(self.table, self.grid, grid)
+        index = relative_index_2d(grid, self.table.device)
+        return table[index].permute(2, 0, 1)
+
+
+def log_spaced_offsets(grid: tuple[int, int], train_grid: tuple[int, int], device: torch.device | None = None):
+    """SwinV2's inputs: (dy, dx) / (train size - 1) * 8, then sign * log2(1 + |t|) / log2(8). [2H-1, 2W-1, 2]."""
+    h, w = grid
+    dy = torch.arange(-(h - 1), h, device=device, dtype=torch.float32) / max(train_grid[0] - 1, 1)
+    dx = torch.arange(-(w - 1), w, device=device, dtype=torch.float32) / max(train_grid[1] - 1, 1)
+    table = torch.stack(torch.meshgrid(dy, dx, indexing="ij"), dim=-1) * 8
+    return torch.sign(table) * torch.log2(table.abs() + 1.0) / math.log2(8)
+
+
+class ContinuousBias2d(nn.Module):
+    """SwinV2 continuous position bias: an MLP on log-spaced (dy, dx), 16 * sigmoid. Extrapolates by design."""
+
+    def __init__(
+        self, *, num_heads: int, grid: tuple[int, int] = (14, 14), hidden: int = 512, max_bias: float = 16.0
+    ) -> None:
+        super().__init__()
+        self.num_heads = check_int("num_heads", num_heads, minimum=1)
+        self.grid = check_grid(grid)
+        self.max_bias = check_float("max_bias", max_bias, positive=True)
+        hidden = check_int("hidden", hidden, minimum=1)
+        self.mlp = nn.Sequential(nn.Linear(2, hidden), nn.ReLU(inplace=True), nn.Linear(hidden, num_heads, bias=False))
+
+    def forward(self, grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
+        """-> [heads, HW, HW]."""
+        grid = check_grid(grid)
+        weight = self.mlp[0].weight
+        inputs = log_spaced_offsets(grid, self.grid, weight.device).to(weight.dtype)
+        table = self.mlp(inputs).flatten(0, 1)  # [(2H-1)(2W-1), heads]
+        index = relative_index_2d(grid, weight.device)
+        return self.max_bias * torch.sigmoid(table[index].permute(2, 0, 1).float())

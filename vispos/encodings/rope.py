@@ -1,0 +1,291 @@
+"""Rotary position embedding (RoPE): 1D, axial 2D, RoPE-Mixed 2D, and the pure rotation maths.
+
+Layouts of the rotary pairs inside a head of ``dim`` channels:
+
+- ``half`` (default, GPT-NeoX / timm ``RotaryEmbeddingCat`` style): channel i pairs with i + dim/2.
+  x: [x0 x1 .. x(d/2-1) | x(d/2) .. x(d-1)]  rotate_half(x): [-x(d/2) .. -x(d-1) | x0 .. x(d/2-1)]
+- ``interleaved`` (the original RoFormer / GPT-J form): channel 2i pairs with 2i + 1.
+  x: [x0 x1 x2 x3 ...]  rotate_interleaved(x): [-x1 x0 -x3 x2 ...]
+
+Angles are computed in fp32 and the rotated result is cast back to the input dtype.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import torch
+from einops import rearrange
+from torch import nn
+
+from .._validate import check_choice, check_float, check_grid, check_int, check_positions
+from .rope_scaling import RopeScaling, as_scaling, rope_inv_freq, scaled_inv_freq
+
+LAYOUTS: tuple[str, ...] = ("half", "interleaved")
+COORDS: tuple[str, ...] = ("pixel", "normalized")
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rotate_interleaved(x: torch.Tensor) -> torch.Tensor:
+    pairs = rearrange(x, "... (d r) -> ... d r", r=2)
+    x1, x2 = pairs.unbind(-1)
+    return rearrange(torch.stack((-x2, x1), dim=-1), "... d r -> ... (d r)")
+
+
+def expand_angles(angles: torch.Tensor, layout: str) -> torch.Tensor:
+    """Per-pair angles [..., d/2] -> per-channel angles [..., d] in the given layout."""
+    if layout == "half":
+        return torch.cat((angles, angles), dim=-1)
+    return angles.repeat_interleave(2, dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "half") -> torch.Tensor:
+    """Rotate x [..., N, d] by per-channel cos/sin [..., N, d] (broadcast); fp32 maths, x's dtype out."""
+    rot = rotate_half if layout == "half" else rotate_interleaved
+    xf = x.float()
+    return (xf * cos + rot(xf) * sin).to(x.dtype)
+
+
+@dataclass
+class Rotary:
+    """Angles ready to apply to q and k: cos/sin [..., N, head_dim] in fp32, in ``layout``.
+
+    xPos adds per-channel scales: q is multiplied by ``q_scale`` and k by ``k_scale`` (same shape).
+    """
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    layout: str = "half"
+    q_scale: torch.Tensor | None = None
+    k_scale: torch.Tensor | None = None
+
+    def rotate(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q, k: [B, heads, N, head_dim] -> rotated (and, for xPos, scaled) q, k."""
+        if self.q_scale is None:
+            return apply_rope(q, self.cos, self.sin, self.layout), apply_rope(k, self.cos, self.sin, self.layout)
+        qc, qs = self.cos * self.q_scale, self.sin * self.q_scale
+        kc, ks = self.cos * self.k_scale, self.sin * self.k_scale
+        return apply_rope(q, qc, qs, self.layout), apply_rope(k, kc, ks, self.layout)
+
+    def with_prefix(self, num_prefix_tokens: int) -> Rotary:
+        """Prepend identity rotations for prefix tokens (cls, registers): they stay exactly unrotated."""
+        if num_prefix_tokens == 0:
+            return self
+
+        def pad(t: torch.Tensor | None, value: float) -> torch.Tensor | None:
+            if t is None:
+                return None
+            shape = (*t.shape[:-2], num_prefix_tokens, t.shape[-1])
+            return torch.cat((t.new_full(shape, value), t), dim=-2)
+
+        return Rotary(pad(self.cos, 1.0), pad(self.sin, 0.0), self.layout, pad(self.q_scale, 1.0), pad(self.k_scale, 1.0))
+
+
+def _check_dim(dim: object, multiple: int, scheme: str) -> int:
+    dim = check_int("dim (head dimension)", dim, minimum=multiple)
+    if dim % multiple:
+        raise ValueError(f"{scheme} needs a head dimension divisible by {multiple}, got {dim}")
+    return dim
+
+
+def rope_angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """positions [..., N] x inv_freq [F] -> angles [..., N, F] in fp32."""
+    return positions.float()[..., None] * inv_freq.to(positions.device)
+
+
+class Rope(nn.Module):
+    """1D RoPE (Su et al. 2021) with optional scaling for sequences longer than training."""
+
+    def __init__(
+        self,
+        *,
+        dim: int,
+        theta: float = 10000.0,
+        layout: str = "half",
+        scaling: RopeScaling | dict | str | None = None,
+    ) -> None:
+        super().__init__()
+        self.dim = _check_dim(dim, 2, "rope")
+        self.theta = check_float("theta", theta, positive=True)
+        self.layout = check_choice("layout", layout, LAYOUTS)
+        self.scaling = as_scaling(scaling)
+
+    def inv_freq(self, length: int) -> tuple[torch.Tensor, float]:
+        return scaled_inv_freq(self.dim, self.theta, self.scaling, length)
+
+    def forward(self, positions: torch.Tensor | int) -> Rotary:
+        """positions: length or integer positions [N] / [B, N] -> Rotary with cos/sin [(B,) N, dim]."""
+        positions = check_positions(positions)
+        length = int(positions.max()) + 1 if self.scaling is not None else positions.shape[-1]
+        inv_freq, attention = self.inv_freq(length)
+        angles = expand_angles(rope_angles(positions, inv_freq), self.layout)
+        if positions.dim() == 2:
+            angles = angles[:, None]  # [B, 1, N, d]: broadcast over heads
+        return Rotary(angles.cos() * attention, angles.sin() * attention, self.layout)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, theta={self.theta}, layout={self.layout!r}, scaling={self.scaling}"
+
+
+def grid_coords(grid: tuple[int, int], coords: str, device: torch.device | None = None) -> torch.Tensor:
+    """Patch-centre coordinates [H*W, 2] as (y, x), row-major: integer indices or centres in [-1, 1]."""
+    h, w = grid
+    if coords == "pixel":
+        ys, xs = torch.arange(h, device=device, dtype=torch.float32), torch.arange(w, device=device, dtype=torch.float32)
+    else:  # DINOv3: patch centres normalised to [-1, 1] per axis
+        ys = (torch.arange(h, device=device, dtype=torch.float32) + 0.5) / h * 2 - 1
+        xs = (torch.arange(w, device=device, dtype=torch.float32) + 0.5) / w * 2 - 1
+    yy, xx = torch.meshgrid(ys, xs, indexing="ij")
+    return torch.stack((yy.flatten(), xx.flatten()), dim=-1)
+
+
+class Rope2d(nn.Module):
+    """Axial 2D RoPE: half the rotary pairs turn with x, half with y (rope-vit RoPE-Axial, theta 100).
+
+    ``coords="normalized"`` places patch centres in [-1, 1] per axis and multiplies by 2 pi (DINOv3),
+    so a larger grid samples the same angle range more densely. With ``coords="pixel"`` (integer
+    indices) a larger grid reaches angles never seen in training; ``scaling`` + ``train_grid`` then
+    stretch each axis by its own factor (current / training size).
+    """
+
+    def __init__(
+        self,
+        *,
+        dim: int,
+        theta: float = 100.0,
+        coords: str = "pixel",
+        layout: str = "half",
+        scaling: RopeScaling | dict | str | None = None,
+        train_grid: tuple[int, int] | None = None,
+    ) -> None:
+        super().__init__()
+        self.dim = _check_dim(dim, 4, "rope2d")
+        self.theta = check_float("theta", theta, positive=True)
+        self.coords = check_choice("coords", coords, COORDS)
+        self.layout = check_choice("layout", layout, LAYOUTS)
+        self.train_grid: tuple[int, int] | None = None
+        self.scaling_y: RopeScaling | None = None
+        self.scaling_x: RopeScaling | None = None
+        self.set_scaling(scaling, train_grid=train_grid)
+
+    def set_scaling(
+        self, scaling: RopeScaling | dict | str | None, *, train_grid: tuple[int, int] | None = None, **options: object
+    ) -> None:
+        """Switch per-axis scaling (e.g. for evaluation above ``train_grid``) or off (``None``).
+
+        Each axis gets ``original_length`` = its training size; without ``factor`` the factor follows
+        the grid: max(1, H / H0) for y and max(1, W / W0) for x.
+        """
+        if train_grid is not None:
+            self.train_grid = check_grid(train_grid, "train_grid")
+        if scaling is None:
+            if options:
+                raise ValueError(f"scaling options {sorted(options)} given with scaling=None")
+            self.scaling_y = self.scaling_x = None
+            return
+        if self.coords != "pixel":
+            raise ValueError("RoPE scaling applies to coords='pixel'; normalized coordinates never leave [-1, 1]")
+        if self.train_grid is None:
+            raise ValueError("rope2d scaling needs train_grid=(H, W), the grid it was trained on")
+        h0, w0 = self.train_grid
+        if isinstance(scaling, str):
+            scaling = {"type": scaling}
+        if isinstance(scaling, dict):
+            scaling = as_scaling({**scaling, **options, "original_length": h0})
+        elif options:
+            raise ValueError("pass scaling options inside the RopeScaling object")
+        self.scaling_y = replace(scaling, original_length=h0)  # type: ignore[arg-type]
+        self.scaling_x = replace(scaling, original_length=w0)  # type: ignore[arg-type]
+
+    def angles(self, grid: tuple[int, int], device: torch.device | None = None) -> tuple[torch.Tensor, float]:
+        """Per-pair angles [H*W, dim/2] ((x pairs, then y pairs)) and the attention factor."""
+        h, w = check_grid(grid)
+        yx = grid_coords((h, w), self.coords, device)  # [HW, 2]
+        inv_y, att_y = scaled_inv_freq(self.dim // 2, self.theta, self.scaling_y, h)
+        inv_x, att_x = scaled_inv_freq(self.dim // 2, self.theta, self.scaling_x, w)
+        if self.coords == "normalized":
+            yx = yx * (2 * math.pi)
+        ax = rope_angles(yx[:, 1], inv_x)  # [HW, d/4]
+        ay = rope_angles(yx[:, 0], inv_y)  # [HW, d/4]
+        return torch.cat((ax, ay), dim=-1), math.sqrt(att_y * att_x)
+
+    def forward(self, grid: tuple[int, int], device: torch.device | None = None) -> Rotary:
+        angles, attention = self.angles(grid, device)
+        angles = expand_angles(angles, self.layout)  # [HW, dim]
+        return Rotary(angles.cos() * attention, angles.sin() * attention, self.layout)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, theta={self.theta}, coords={self.coords!r}, layout={self.layout!r}"
+
+
+class KeepFp32(nn.Module):
+    """Parameters named in ``fp32_params`` stay fp32 when the module is cast (``.half()``, ``.to(bf16)``)."""
+
+    fp32_params: tuple[str, ...] = ()
+
+    def _apply(self, fn, recurse: bool = True):  # noqa: ANN001
+        kept = {name: getattr(self, name).data for name in self.fp32_params}
+        super()._apply(fn, recurse)
+        for name, data in kept.items():
+            param = getattr(self, name)
+            if param.dtype != data.dtype and param.is_floating_point():
+                param.data = data.to(param.device)
+        return self
+
+
+class Rope2dMixed(KeepFp32):
+    """RoPE-Mixed (Heo et al. 2024): learnable 2D frequency vectors per head (one module per layer).
+
+    Pair j of head h turns by x * fx[h, j] + y * fy[h, j]. Initialised like rope-vit: axial magnitudes
+    theta ** (-4j / dim) along a random direction per head; with ``rotate=False`` the start is exactly
+    axial RoPE.
+    """
+
+    fp32_params = ("freqs",)
+
+    def __init__(
+        self,
+        *,
+        dim: int,
+        num_heads: int,
+        theta: float = 10.0,
+        layout: str = "half",
+        coords: str = "pixel",
+        rotate: bool = True,
+    ) -> None:
+        super().__init__()
+        self.dim = _check_dim(dim, 4, "rope2d_mixed")
+        self.num_heads = check_int("num_heads", num_heads, minimum=1)
+        self.theta = check_float("theta", theta, positive=True)
+        self.layout = check_choice("layout", layout, LAYOUTS)
+        self.coords = check_choice("coords", coords, COORDS)
+        self.freqs = nn.Parameter(self.init_freqs(self.dim, self.num_heads, self.theta, rotate=rotate))
+
+    @staticmethod
+    def init_freqs(dim: int, num_heads: int, theta: float, *, rotate: bool = True) -> torch.Tensor:
+        """[2 (x, y), heads, dim/2] frequency components."""
+        mag = rope_inv_freq(dim // 2, theta)  # [d/4]
+        phase = torch.rand(num_heads, 1) * 2 * math.pi if rotate else torch.zeros(num_heads, 1)
+        fx = torch.cat((mag * torch.cos(phase), mag * torch.cos(phase + math.pi / 2)), dim=-1)
+        fy = torch.cat((mag * torch.sin(phase), mag * torch.sin(phase + math.pi / 2)), dim=-1)
+        return torch.stack((fx, fy))
+
+    def angles(self, grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
+        """Per-pair angles [heads, H*W, dim/2]."""
+        yx = grid_coords(check_grid(grid), self.coords, device or self.freqs.device)
+        if self.coords == "normalized":
+            yx = yx * (2 * math.pi)
+        freqs = self.freqs.float()
+        return yx[:, 1, None] * freqs[0][:, None] + yx[:, 0, None] * freqs[1][:, None]
+
+    def forward(self, grid: tuple[int, int], device: torch.device | None = None) -> Rotary:
+        angles = expand_angles(self.angles(grid, device), self.layout)  # [heads, HW, dim]
+        return Rotary(angles.cos(), angles.sin(), self.layout)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, num_heads={self.num_heads}, theta={self.theta}, layout={self.layout!r}"

@@ -1,0 +1,44 @@
+"""xPos (Sun et al. 2022): RoPE whose pair magnitudes decay exponentially with the query-key distance.
+
+Pair i of a head of ``dim`` channels has zeta_i = (2i + 0.4 dim) / (1.4 dim) < 1; q at position n is
+scaled by zeta ** (n / scale_base) and k at m by zeta ** (-m / scale_base), so their product carries
+zeta ** ((n - m) / scale_base): it decays as the key falls behind the query (a causal scheme).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .._validate import check_choice, check_float, check_positions
+from .rope import LAYOUTS, Rotary, _check_dim, expand_angles, rope_angles
+from .rope_scaling import rope_inv_freq
+
+
+def xpos_zeta(dim: int) -> torch.Tensor:
+    """Per-pair decay bases [dim // 2]."""
+    return (torch.arange(0, dim, 2, dtype=torch.float32) + 0.4 * dim) / (1.4 * dim)
+
+
+class XPos(nn.Module):
+    def __init__(
+        self, *, dim: int, theta: float = 10000.0, scale_base: float = 512.0, layout: str = "half"
+    ) -> None:
+        super().__init__()
+        self.dim = _check_dim(dim, 2, "xpos")
+        self.theta = check_float("theta", theta, positive=True)
+        self.scale_base = check_float("scale_base", scale_base, positive=True)
+        self.layout = check_choice("layout", layout, LAYOUTS)
+
+    def forward(self, positions: torch.Tensor | int) -> Rotary:
+        positions = check_positions(positions)
+        angles = expand_angles(rope_angles(positions, rope_inv_freq(self.dim, self.theta)), self.layout)
+        zeta = expand_angles(xpos_zeta(self.dim).to(positions.device), self.layout)  # [d]
+        power = positions.float()[..., None] / self.scale_base  # [..., N, 1]
+        q_scale, k_scale = zeta**power, zeta ** (-power)
+        if positions.dim() == 2:
+            angles, q_scale, k_scale = angles[:, None], q_scale[:, None], k_scale[:, None]
+        return Rotary(angles.cos(), angles.sin(), self.layout, q_scale, k_scale)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, theta={self.theta}, scale_base={self.scale_base}, layout={self.layout!r}"
