@@ -47,7 +47,9 @@ def sdpa(
     """softmax(q k^T * scale + mask) v for q, k, v [B, heads, N, head_dim]; fused or the eager reference."""
     mask = as_float_mask(mask, q.dtype)
     if fused:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale
+        )
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     logits = (q * scale) @ k.transpose(-2, -1)  # [B, heads, N, N]
     if is_causal:
@@ -128,7 +130,9 @@ class PatchedAttention(torch.nn.Module):
                 qkv = self.qkv(x) + bias if self.qkv_bias_separate else F.linear(x, self.qkv.weight, bias)
             return qkv.reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         q = self.q_proj(x).reshape(b, n, self.num_heads, self.head_dim).transpose(1, 2)
-        k, v = (p(x).reshape(b, n, self.num_kv_heads, self.head_dim).transpose(1, 2) for p in (self.k_proj, self.v_proj))
+        k, v = (
+            p(x).reshape(b, n, self.num_kv_heads, self.head_dim).transpose(1, 2) for p in (self.k_proj, self.v_proj)
+        )
         if self.num_kv_heads != self.num_heads:  # grouped-query attention: share each k/v head
             groups = self.num_heads // self.num_kv_heads
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
@@ -156,7 +160,13 @@ class PatchedAttention(torch.nn.Module):
         if rotary is not None:
             q, k = rotary.rotate(q, k)
         out = sdpa(
-            q, k, v, mask=mask, is_causal=is_causal, fused=self.fused_attn, scale=self.scale,
+            q,
+            k,
+            v,
+            mask=mask,
+            is_causal=is_causal,
+            fused=self.fused_attn,
+            scale=self.scale,
             dropout_p=self.attn_drop.p if self.training else 0.0,
         )
         out = self.norm(out.transpose(1, 2).reshape(b, n, -1))

@@ -194,7 +194,9 @@ def _split_options(infos: list[SchemeInfo], options: dict[str, Any]) -> list[dic
     unknown = sorted(set(options) - set().union(*accepted)) if infos else sorted(options)
     if unknown:
         names = ", ".join(i.name for i in infos) or "nope"
-        raise TypeError(f"unknown option(s) {', '.join(unknown)} for {names}; accepted: {sorted(set().union(*accepted))}")
+        raise TypeError(
+            f"unknown option(s) {', '.join(unknown)} for {names}; accepted: {sorted(set().union(*accepted))}"
+        )
     return [{k: v for k, v in options.items() if k in acc} for acc in accepted]
 
 
@@ -202,9 +204,16 @@ def _learned_from_timm(model: nn.Module, grid: tuple[int, int], options: dict[st
     """learned2d that starts from the model's own table when it has one (same outputs at the native size)."""
     embed_dim = model.embed_dim
     prefix = 0 if model.no_embed_class else model.num_prefix_tokens
-    module = create_encoding("learned2d", ndim=2, **{"dim": embed_dim, "grid": grid, "num_prefix_tokens": prefix, **options})
+    module = create_encoding(
+        "learned2d", ndim=2, **{"dim": embed_dim, "grid": grid, "num_prefix_tokens": prefix, **options}
+    )
     table = getattr(model, "pos_embed", None)
-    if table is not None and not module.factorized and module.grid == grid and table.shape[1] == prefix + grid[0] * grid[1]:
+    if (
+        table is not None
+        and not module.factorized
+        and module.grid == grid
+        and table.shape[1] == prefix + grid[0] * grid[1]
+    ):
         with torch.no_grad():
             module.table.copy_(table[0, prefix:].reshape(*grid, embed_dim))
             if prefix:
@@ -222,7 +231,7 @@ def patch(model: nn.Module, pos: str | list[str] | tuple[str, ...], **options: A
     _check_model(model)
     additive, attention = _resolve_schemes(pos)
     used = [i for i in (additive, attention) if i is not None]
-    per_scheme = dict(zip([i.name for i in used], _split_options(used, options)))
+    per_scheme = dict(zip([i.name for i in used], _split_options(used, options), strict=False))
     add_opts = per_scheme.get(additive.name, {}) if additive is not None else {}
     att_opts = per_scheme.get(attention.name, {}) if attention is not None else {}
     grid = check_grid(tuple(model.patch_embed.grid_size))
@@ -272,7 +281,9 @@ def patch(model: nn.Module, pos: str | list[str] | tuple[str, ...], **options: A
     return model
 
 
-def create_model(model_name: str, *, pos: str | list[str], pos_options: dict[str, Any] | None = None, **timm_kwargs: Any):
+def create_model(
+    model_name: str, *, pos: str | list[str], pos_options: dict[str, Any] | None = None, **timm_kwargs: Any
+):
     """``timm.create_model(model_name, **timm_kwargs)`` followed by ``patch(model, pos, **pos_options)``."""
     return patch(timm.create_model(model_name, **timm_kwargs), pos, **(pos_options or {}))
 
@@ -306,7 +317,9 @@ def configure(
     grid = check_grid(train_grid if train_grid is not None else model.vispos_cfg["train_grid"], "train_grid")
     for rope in ropes:
         rope.set_scaling(scaling, train_grid=grid, **scaling_options)
-    model.vispos_cfg["scaling"] = None if scaling is None else {"scaling": scaling, "train_grid": grid, **scaling_options}
+    model.vispos_cfg["scaling"] = (
+        None if scaling is None else {"scaling": scaling, "train_grid": grid, **scaling_options}
+    )
     return model
 
 

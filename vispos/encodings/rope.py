@@ -83,7 +83,9 @@ class Rotary:
             shape = (*t.shape[:-2], num_prefix_tokens, t.shape[-1])
             return torch.cat((t.new_full(shape, value), t), dim=-2)
 
-        return Rotary(pad(self.cos, 1.0), pad(self.sin, 0.0), self.layout, pad(self.q_scale, 1.0), pad(self.k_scale, 1.0))
+        return Rotary(
+            pad(self.cos, 1.0), pad(self.sin, 0.0), self.layout, pad(self.q_scale, 1.0), pad(self.k_scale, 1.0)
+        )
 
 
 def _check_dim(dim: object, multiple: int, scheme: str) -> int:
@@ -136,7 +138,10 @@ def grid_coords(grid: tuple[int, int], coords: str, device: torch.device | None 
     """Patch-centre coordinates [H*W, 2] as (y, x), row-major: integer indices or centres in [-1, 1]."""
     h, w = grid
     if coords == "pixel":
-        ys, xs = torch.arange(h, device=device, dtype=torch.float32), torch.arange(w, device=device, dtype=torch.float32)
+        ys, xs = (
+            torch.arange(h, device=device, dtype=torch.float32),
+            torch.arange(w, device=device, dtype=torch.float32),
+        )
     else:  # DINOv3: patch centres normalised to [-1, 1] per axis
         ys = (torch.arange(h, device=device, dtype=torch.float32) + 0.5) / h * 2 - 1
         xs = (torch.arange(w, device=device, dtype=torch.float32) + 0.5) / w * 2 - 1

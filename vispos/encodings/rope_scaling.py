@@ -112,9 +112,7 @@ def yarn_ramp(dim: int, theta: float, original_length: int, beta_fast: float, be
     return 1.0 - ramp
 
 
-def scaled_inv_freq(
-    dim: int, theta: float, scaling: RopeScaling | None, length: int
-) -> tuple[torch.Tensor, float]:
+def scaled_inv_freq(dim: int, theta: float, scaling: RopeScaling | None, length: int) -> tuple[torch.Tensor, float]:
     """Inverse frequencies [dim // 2] and the attention factor for a sequence of ``length`` tokens."""
     if scaling is None:
         return rope_inv_freq(dim, theta), 1.0

@@ -26,7 +26,9 @@ def sincos_2d(
     """Grid (H, W) -> [H*W, dim], row-major: x on the first dim/2 channels, y on the rest."""
     h, w = grid
     yy, xx = torch.meshgrid(torch.arange(h, device=device), torch.arange(w, device=device), indexing="ij")
-    return torch.cat((sincos_1d(xx.flatten(), dim // 2, temperature), sincos_1d(yy.flatten(), dim // 2, temperature)), -1)
+    return torch.cat(
+        (sincos_1d(xx.flatten(), dim // 2, temperature), sincos_1d(yy.flatten(), dim // 2, temperature)), -1
+    )
 
 
 class SinCos1d(nn.Module):

@@ -21,9 +21,7 @@ def xpos_zeta(dim: int) -> torch.Tensor:
 
 
 class XPos(nn.Module):
-    def __init__(
-        self, *, dim: int, theta: float = 10000.0, scale_base: float = 512.0, layout: str = "half"
-    ) -> None:
+    def __init__(self, *, dim: int, theta: float = 10000.0, scale_base: float = 512.0, layout: str = "half") -> None:
         super().__init__()
         self.dim = _check_dim(dim, 2, "xpos")
         self.theta = check_float("theta", theta, positive=True)
