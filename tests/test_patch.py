@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import timm
@@ -253,3 +254,13 @@ def test_unknown_option_is_refused_with_the_accepted_ones() -> None:
 def test_configure_needs_rope2d() -> None:
     with pytest.raises(ValueError, match="applies to rope2d"):
         vispos.configure(make("vit_tiny", "alibi2d"), scaling="yarn")
+
+
+def test_scaling_temperature_applies_to_prefix_tokens_too() -> None:
+    model = make("vit_small_cls", "rope2d")
+    vispos.configure(model, scaling="yarn")
+    rotary = model.vispos.context((8, 4), torch.device("cpu")).rotary[0]  # 2x the training height
+    expected = (0.1 * math.log(2.0) + 1.0) ** 0.5  # YaRN's factor on y, none on x; shared by q and k
+    assert rotary.attention == pytest.approx(expected)
+    assert torch.allclose(rotary.cos[0], torch.full_like(rotary.cos[0], expected))
+    assert torch.equal(rotary.sin[0], torch.zeros_like(rotary.sin[0]))

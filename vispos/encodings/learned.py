@@ -11,12 +11,23 @@ from .._validate import check_bool, check_choice, check_grid, check_int, check_p
 OUT_OF_RANGE: tuple[str, ...] = ("error", "clamp", "interpolate")
 
 
+def resize_bicubic(img: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """[1, C, H, W] -> [1, C, H', W'], bicubic with antialiasing.
+
+    A one-column output is computed as a one-row output: torch's antialiased bicubic kernel (CPU, torch
+    2.14) returns wrong values when it resizes the height of a width-1 output in some memory layouts.
+    """
+    if size[1] == 1 and size[0] != 1 and img.shape[-2] != size[0]:
+        return resize_bicubic(img.transpose(-2, -1), (1, size[0])).transpose(-2, -1)
+    return F.interpolate(img, size=size, mode="bicubic", antialias=True, align_corners=False)
+
+
 def resample_table_2d(table: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
     """[H, W, d] -> [H', W', d]: bicubic with antialiasing (timm's ``resample_abs_pos_embed`` rule)."""
     if tuple(table.shape[:2]) == tuple(grid):
         return table
     img = table.permute(2, 0, 1)[None].float()  # [1, d, H, W]
-    out = F.interpolate(img, size=grid, mode="bicubic", antialias=True, align_corners=False)
+    out = resize_bicubic(img, tuple(grid))
     return out[0].permute(1, 2, 0).to(table.dtype)
 
 

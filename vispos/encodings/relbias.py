@@ -9,10 +9,10 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .._validate import check_float, check_grid, check_int
+from .learned import resize_bicubic
 
 
 def relative_offsets_2d(grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
@@ -37,7 +37,7 @@ def resize_bias_table(table: torch.Tensor, old_grid: tuple[int, int], new_grid: 
     (h, w), (h2, w2) = old_grid, new_grid
     heads = table.shape[-1]
     plane = table.T.reshape(1, heads, 2 * h - 1, 2 * w - 1).float()
-    out = F.interpolate(plane, size=(2 * h2 - 1, 2 * w2 - 1), mode="bicubic", antialias=True, align_corners=False)
+    out = resize_bicubic(plane, (2 * h2 - 1, 2 * w2 - 1))
     return out.reshape(heads, -1).T.to(table.dtype)
 
 

@@ -20,7 +20,7 @@ from einops import rearrange
 from torch import nn
 
 from .._validate import check_choice, check_float, check_grid, check_int, check_positions
-from .rope_scaling import RopeScaling, as_scaling, rope_inv_freq, scaled_inv_freq
+from .rope_scaling import RopeScaling, as_scaling, check_scaling_dim, rope_inv_freq, scaled_inv_freq
 
 LAYOUTS: tuple[str, ...] = ("half", "interleaved")
 COORDS: tuple[str, ...] = ("pixel", "normalized")
@@ -63,6 +63,7 @@ class Rotary:
     layout: str = "half"
     q_scale: torch.Tensor | None = None
     k_scale: torch.Tensor | None = None
+    attention: float = 1.0  # the scaling method's temperature, already folded into cos and sin
 
     def rotate(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q, k: [B, heads, N, head_dim] -> rotated (and, for xPos, scaled) q, k."""
@@ -83,9 +84,9 @@ class Rotary:
             shape = (*t.shape[:-2], num_prefix_tokens, t.shape[-1])
             return torch.cat((t.new_full(shape, value), t), dim=-2)
 
-        return Rotary(
-            pad(self.cos, 1.0), pad(self.sin, 0.0), self.layout, pad(self.q_scale, 1.0), pad(self.k_scale, 1.0)
-        )
+        # identity rotation, at the same temperature (scaling attention factor) as the patch tokens
+        cos, sin = pad(self.cos, self.attention), pad(self.sin, 0.0)
+        return Rotary(cos, sin, self.layout, pad(self.q_scale, 1.0), pad(self.k_scale, 1.0), self.attention)
 
 
 def _check_dim(dim: object, multiple: int, scheme: str) -> int:
@@ -116,6 +117,7 @@ class Rope(nn.Module):
         self.theta = check_float("theta", theta, positive=True)
         self.layout = check_choice("layout", layout, LAYOUTS)
         self.scaling = as_scaling(scaling)
+        check_scaling_dim(self.scaling, self.dim)
 
     def inv_freq(self, length: int) -> tuple[torch.Tensor, float]:
         return scaled_inv_freq(self.dim, self.theta, self.scaling, length)
@@ -128,7 +130,7 @@ class Rope(nn.Module):
         angles = expand_angles(rope_angles(positions, inv_freq), self.layout)
         if positions.dim() == 2:
             angles = angles[:, None]  # [B, 1, N, d]: broadcast over heads
-        return Rotary(angles.cos() * attention, angles.sin() * attention, self.layout)
+        return Rotary(angles.cos() * attention, angles.sin() * attention, self.layout, attention=attention)
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, theta={self.theta}, layout={self.layout!r}, scaling={self.scaling}"
@@ -204,6 +206,7 @@ class Rope2d(nn.Module):
             scaling = as_scaling({**scaling, **options, "original_length": h0})
         elif options:
             raise ValueError("pass scaling options inside the RopeScaling object")
+        check_scaling_dim(scaling, self.dim // 2)  # per axis
         self.scaling_y = replace(scaling, original_length=h0)  # type: ignore[arg-type]
         self.scaling_x = replace(scaling, original_length=w0)  # type: ignore[arg-type]
 
@@ -222,7 +225,7 @@ class Rope2d(nn.Module):
     def forward(self, grid: tuple[int, int], device: torch.device | None = None) -> Rotary:
         angles, attention = self.angles(grid, device)
         angles = expand_angles(angles, self.layout)  # [HW, dim]
-        return Rotary(angles.cos() * attention, angles.sin() * attention, self.layout)
+        return Rotary(angles.cos() * attention, angles.sin() * attention, self.layout, attention=attention)
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, theta={self.theta}, coords={self.coords!r}, layout={self.layout!r}"
@@ -276,8 +279,9 @@ class Rope2dMixed(KeepFp32):
         """[2 (x, y), heads, dim/2] frequency components."""
         mag = rope_inv_freq(dim // 2, theta)  # [d/4]
         phase = torch.rand(num_heads, 1) * 2 * math.pi if rotate else torch.zeros(num_heads, 1)
-        fx = torch.cat((mag * torch.cos(phase), mag * torch.cos(phase + math.pi / 2)), dim=-1)
-        fy = torch.cat((mag * torch.sin(phase), mag * torch.sin(phase + math.pi / 2)), dim=-1)
+        # x pairs point along phase, y pairs along phase + pi/2 (written so that phase 0 is exactly axial)
+        fx = torch.cat((mag * torch.cos(phase), -mag * torch.sin(phase)), dim=-1)
+        fy = torch.cat((mag * torch.sin(phase), mag * torch.cos(phase)), dim=-1)
         return torch.stack((fx, fy))
 
     def angles(self, grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:

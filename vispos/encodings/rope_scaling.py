@@ -12,14 +12,15 @@ The formulas follow the papers and Hugging Face transformers' rope utilities:
 - ``longrope`` (Ding et al. 2024): inv_freq / lambda_i with given per-frequency factors (a short set for
   lengths within the original, a long set beyond); attention factor sqrt(1 + ln s / ln L0).
 
-``s`` is ``factor`` when given, else derived from the current length: max(1, L / L0).
+``s`` is ``factor`` when given, else derived from the current length: max(1, L / L0) (for ``dynamic_ntk``
+s = 1, since its formula already grows with L).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -87,6 +88,11 @@ def as_scaling(scaling: RopeScaling | str | dict | None, **options: object) -> R
         return None
     if isinstance(scaling, RopeScaling):
         return scaling
+    accepted = [f.name for f in fields(RopeScaling)]
+    keys = set(options) | (set(scaling) if isinstance(scaling, dict) else set())
+    unknown = sorted(map(str, keys - set(accepted)))
+    if unknown:
+        raise TypeError(f"unknown RoPE scaling option(s) {', '.join(unknown)}; accepted: {', '.join(accepted)}")
     if isinstance(scaling, dict):
         return RopeScaling(**{**scaling, **options})
     if isinstance(scaling, str):
@@ -112,6 +118,18 @@ def yarn_ramp(dim: int, theta: float, original_length: int, beta_fast: float, be
     return 1.0 - ramp
 
 
+def check_scaling_dim(scaling: RopeScaling | None, dim: int) -> None:
+    """LongRoPE's factor lists need one entry per rotary frequency of a ``dim``-channel rotation."""
+    if scaling is None or scaling.type != "longrope":
+        return
+    for name in ("long_factors", "short_factors"):
+        factors = getattr(scaling, name)
+        if factors is not None and len(factors) != dim // 2:
+            raise ValueError(
+                f"longrope {name} must have one entry per rotary frequency (dim / 2 = {dim // 2}), got {len(factors)}"
+            )
+
+
 def scaled_inv_freq(dim: int, theta: float, scaling: RopeScaling | None, length: int) -> tuple[torch.Tensor, float]:
     """Inverse frequencies [dim // 2] and the attention factor for a sequence of ``length`` tokens."""
     if scaling is None:
@@ -124,20 +142,18 @@ def scaled_inv_freq(dim: int, theta: float, scaling: RopeScaling | None, length:
     elif kind == "ntk":
         inv_freq = rope_inv_freq(dim, theta * s ** (dim / (dim - 2)))
     elif kind == "dynamic_ntk":
+        a = scaling.factor if scaling.factor is not None else 1.0  # L / L0 below already follows the length
         grown = max(length, scaling.original_length) / scaling.original_length  # type: ignore[operator]
-        inv_freq = rope_inv_freq(dim, theta * (s * grown - (s - 1)) ** (dim / (dim - 2)))
+        inv_freq = rope_inv_freq(dim, theta * (a * grown - (a - 1)) ** (dim / (dim - 2)))
     elif kind == "yarn":
         base = rope_inv_freq(dim, theta)
         keep = yarn_ramp(dim, theta, scaling.original_length, scaling.beta_fast, scaling.beta_slow)  # type: ignore[arg-type]
         inv_freq = base / s * (1 - keep) + base * keep
         attention = 0.1 * math.log(s) + 1.0 if s > 1 else 1.0
     else:  # longrope
+        check_scaling_dim(scaling, dim)
         use_long = length > scaling.original_length or scaling.short_factors is None  # type: ignore[operator]
         factors = scaling.long_factors if use_long else scaling.short_factors
-        if len(factors) != dim // 2:  # type: ignore[arg-type]
-            raise ValueError(
-                f"longrope factors must have one entry per rotary frequency (dim / 2 = {dim // 2}), got {len(factors)}"  # type: ignore[arg-type]
-            )
         inv_freq = rope_inv_freq(dim, theta) / torch.tensor(factors, dtype=torch.float32)
         if s > 1:
             attention = math.sqrt(1 + math.log(s) / math.log(scaling.original_length))  # type: ignore[arg-type]

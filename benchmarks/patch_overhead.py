@@ -1,0 +1,134 @@
+"""Speed of patched models against their unpatched baseline, measured in one interleaved run.
+
+    python -m benchmarks.patch_overhead [--reps 10] [--batch 8] [--device cpu|cuda] [--json out.json]
+
+For ``vit_small_patch16_224`` at 224 px (random init): forward and forward + backward time of the
+model patched with every 2D scheme, as a ratio to the unpatched timm model. For comparison, timm's own
+RoPE model (``vit_small_patch16_rope_224``, Eva) and relative-bias model (``vit_relpos_small_patch16_224``)
+against themselves with their positional module removed. Repetitions are interleaved (each round times
+every configuration once) and ratios use per-round medians, so machine noise hits all rows alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+
+import timm
+import torch
+from torch import nn
+
+import vispos
+
+MODEL = "vit_small_patch16_224"
+
+
+def _without_timm_positions(name: str) -> nn.Module:
+    """timm's positional model with its positional module removed: the baseline it is compared with."""
+    model = timm.create_model(name)
+    if hasattr(model, "rope"):
+        model.rope = None
+    for blk in model.blocks:
+        if hasattr(blk.attn, "rel_pos"):
+            blk.attn.rel_pos = None
+    if hasattr(model, "shared_rel_pos"):
+        model.shared_rel_pos = None
+    return model
+
+
+def configurations() -> dict[str, tuple[str, Callable[[], nn.Module]]]:
+    """label -> (baseline label, builder)."""
+    configs: dict[str, tuple[str, Callable[[], nn.Module]]] = {f"timm {MODEL}": ("", lambda: timm.create_model(MODEL))}
+    for scheme in vispos.list_encodings(ndim=2):
+        configs[f"vispos {scheme}"] = (f"timm {MODEL}", lambda s=scheme: vispos.create_model(MODEL, pos=s))
+    for name in ("vit_small_patch16_rope_224", "vit_relpos_small_patch16_224"):
+        base = f"{name} without its positions"
+        configs[base] = ("", lambda n=name: _without_timm_positions(n))
+        configs[f"timm {name}"] = (base, lambda n=name: timm.create_model(n))
+    return configs
+
+
+def _time(fn: Callable[[], object], device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def run(reps: int, batch: int, device: torch.device) -> dict[str, dict[str, float]]:
+    torch.manual_seed(0)
+    configs = configurations()
+    models = {label: build().to(device) for label, (_, build) in configs.items()}
+    x = torch.randn(batch, 3, 224, 224, device=device)
+
+    def forward(m: nn.Module) -> Callable[[], object]:
+        def step() -> object:
+            with torch.no_grad():
+                return m.eval()(x)
+
+        return step
+
+    def train_step(m: nn.Module) -> Callable[[], object]:
+        def step() -> None:
+            m.train()
+            m.zero_grad(set_to_none=True)
+            m(x).sum().backward()
+
+        return step
+
+    times: dict[str, dict[str, list[float]]] = {k: {"fwd": [], "fwd+bwd": []} for k in models}
+    for m in models.values():  # warm-up
+        forward(m)()
+        train_step(m)()
+    for _ in range(reps):
+        for label, m in models.items():
+            times[label]["fwd"].append(_time(forward(m), device))
+            times[label]["fwd+bwd"].append(_time(train_step(m), device))
+    results = {}
+    for label, (base, _) in configs.items():
+        row = {}
+        for kind in ("fwd", "fwd+bwd"):
+            row[f"{kind} ms"] = 1000 * statistics.median(times[label][kind])
+            if base:
+                ratios = [t / b for t, b in zip(times[label][kind], times[base][kind], strict=True)]
+                row[f"{kind} ratio"] = statistics.median(ratios)
+        results[label] = row
+    return results
+
+
+def table(results: dict[str, dict[str, float]]) -> str:
+    lines = [
+        "| configuration | fwd ms | fwd ratio | fwd+bwd ms | fwd+bwd ratio |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for label, row in results.items():
+        ratio = {k: f"{row[k]:.3f}" if k in row else "1 (baseline)" for k in ("fwd ratio", "fwd+bwd ratio")}
+        cells = [label, f"{row['fwd ms']:.1f}", ratio["fwd ratio"], f"{row['fwd+bwd ms']:.1f}", ratio["fwd+bwd ratio"]]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--json", default=None, help="also write the results here")
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    results = run(args.reps, args.batch, device)
+    print(f"{MODEL} at 224 px, batch {args.batch}, fp32, {device.type}, {args.reps} interleaved rounds")
+    print(table(results))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": device.type, "batch": args.batch, "reps": args.reps, "results": results}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,242 @@
+"""The generic contract, parametrised over the registry: shapes, dtypes, finite values, gradients, bf16, errors."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import vispos
+from vispos.encodings.rope import Rotary
+from vispos.encodings.shaw import ShawTables
+from vispos.registry import accepted_options
+
+GRID = (3, 4)
+HEADS = 2
+DIM = 16  # embedding dim for additive schemes, head dim for attention schemes
+SCHEMES_2D = vispos.list_encodings(ndim=2)
+SCHEMES_1D = vispos.list_encodings(ndim=1)
+
+
+def build(name: str, ndim: int = 2, **extra: object) -> torch.nn.Module:
+    """The scheme with small defaults for whichever of dim / num_heads / grid it takes."""
+    defaults = {"dim": DIM, "num_heads": HEADS, "grid": GRID}
+    options = {k: v for k, v in defaults.items() if k in accepted_options(name, ndim)} | extra
+    return vispos.create_encoding(name, ndim=ndim, **options)
+
+
+def qk(n: int, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    return (torch.randn(2, HEADS, n, DIM, generator=g).to(dtype), torch.randn(2, HEADS, n, DIM, generator=g).to(dtype))
+
+
+def scalar_of(out: object, kind: str, n: int) -> torch.Tensor:
+    """A scalar that depends on every output of the scheme (for gradients)."""
+    g = torch.Generator().manual_seed(2)
+    if kind == "rotary":
+        q, k = out.rotate(*qk(n))
+        return (q @ k.transpose(-2, -1)).sum()
+    if kind == "relative_kv":
+        out = torch.cat([out.key_table, out.value_table])
+    return (out * torch.randn(out.shape, generator=g)).sum()
+
+
+# --- registry data ---------------------------------------------------------------------------------------
+def test_catalogue_has_the_design_names() -> None:
+    assert set(SCHEMES_2D) == {
+        "sincos2d",
+        "learned2d",
+        "rope2d",
+        "rope2d_mixed",
+        "relbias2d",
+        "cpb2d",
+        "alibi2d",
+        "nope",
+    }
+    assert set(SCHEMES_1D) == {"sincos1d", "learned1d", "shaw", "t5", "alibi", "rope", "xpos", "nope"}
+    assert vispos.list_encodings() == sorted(set(SCHEMES_1D) | set(SCHEMES_2D))
+
+
+@pytest.mark.parametrize("ndim", [1, 2])
+def test_declared_trainable_matches_parameters(ndim: int) -> None:
+    for name in vispos.list_encodings(ndim):
+        info = vispos.get_info(name, ndim)
+        params = list(build(name, ndim).parameters())
+        assert bool(params) == info.trainable, name
+        assert info.ndim == ndim and info.name == name
+
+
+# --- generic 2D contract ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", SCHEMES_2D)
+def test_2d_output_shape_dtype_finite(name: str) -> None:
+    info = vispos.get_info(name, 2)
+    module = build(name)
+    out = module(GRID)
+    n = GRID[0] * GRID[1]
+    if info.kind == "none":
+        assert out is None
+    elif info.kind == "additive":
+        assert out.shape == (n, DIM) and out.dtype == torch.float32 and out.isfinite().all()
+    elif info.kind == "bias":
+        assert out.shape == (HEADS, n, n) and out.dtype == torch.float32 and out.isfinite().all()
+    else:
+        assert isinstance(out, Rotary)
+        assert out.cos.shape[-2:] == (n, DIM) and out.cos.shape == out.sin.shape
+        assert out.cos.dtype == torch.float32 and out.cos.isfinite().all() and out.sin.isfinite().all()
+        q, k = qk(n)
+        rq, rk = out.rotate(q, k)
+        assert rq.shape == q.shape and rk.shape == k.shape and rq.isfinite().all()
+
+
+@pytest.mark.parametrize("name", SCHEMES_2D)
+def test_2d_gradients_reach_every_parameter(name: str) -> None:
+    info = vispos.get_info(name, 2)
+    module = build(name)
+    params = dict(module.named_parameters())
+    if not info.trainable:
+        assert params == {}
+        return
+    scalar_of(module(GRID), info.kind, GRID[0] * GRID[1]).backward()
+    for pname, p in params.items():
+        assert p.grad is not None and p.grad.isfinite().all() and p.grad.abs().sum() > 0, pname
+
+
+@pytest.mark.parametrize("name", [n for n in SCHEMES_1D if vispos.get_info(n, 1).trainable])
+def test_1d_gradients_reach_every_parameter(name: str) -> None:
+    info = vispos.get_info(name, 1)
+    module = build(name, 1)
+    scalar_of(module(5), info.kind, 5).backward()
+    for pname, p in module.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, pname
+
+
+@pytest.mark.parametrize("name", [n for n in SCHEMES_2D if n != "nope"])
+def test_2d_bf16_module_agrees_with_fp32(name: str) -> None:
+    info = vispos.get_info(name, 2)
+    module = build(name)
+    half = copy.deepcopy(module).to(torch.bfloat16)
+    ref, out = module(GRID), half(GRID)
+    n = GRID[0] * GRID[1]
+    if info.kind == "rotary":
+        assert out.cos.dtype == torch.float32 and out.sin.dtype == torch.float32  # angles stay fp32
+        q, k = qk(n, torch.bfloat16)
+        rq, rk = out.rotate(q, k)
+        assert rq.dtype == torch.bfloat16 and rk.dtype == torch.bfloat16  # back in the input dtype
+        eq, ek = ref.rotate(q.float(), k.float())
+        torch.testing.assert_close(rq.float(), eq, atol=3e-2, rtol=2e-2)
+        torch.testing.assert_close(rk.float(), ek, atol=3e-2, rtol=2e-2)
+    else:
+        tol = 0.1 if name == "cpb2d" else 1e-2  # 16 * sigmoid of a bf16 MLP
+        torch.testing.assert_close(out.float(), ref, atol=tol, rtol=2e-2)
+
+
+def test_rope2d_mixed_frequencies_stay_fp32_after_cast() -> None:
+    module = vispos.create_encoding("rope2d_mixed", dim=DIM, num_heads=HEADS)
+    freqs = module.freqs.detach().clone()
+    module.to(torch.bfloat16)
+    assert module.freqs.dtype == torch.float32
+    torch.testing.assert_close(module.freqs.detach(), freqs, rtol=0, atol=0)  # not rounded through bf16
+    module.half()
+    assert module.freqs.dtype == torch.float32
+
+
+@pytest.mark.parametrize("name", ["rope", "xpos"])
+def test_1d_rotary_returns_input_dtype(name: str) -> None:
+    rot = build(name, 1)(6)
+    assert rot.cos.dtype == torch.float32
+    q, k = qk(6, torch.bfloat16)
+    rq, rk = rot.rotate(q, k)
+    assert rq.dtype == rk.dtype == torch.bfloat16
+    eq, _ = rot.rotate(q.float(), k.float())
+    torch.testing.assert_close(rq.float(), eq, atol=3e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("name", SCHEMES_1D)
+def test_1d_output_shape_finite(name: str) -> None:
+    info = vispos.get_info(name, 1)
+    positions = torch.tensor([[0, 1, 2, 3, 4], [3, 4, 5, 6, 7]])
+    out = build(name, 1)(positions)
+    if info.kind == "none":
+        assert out is None
+    elif info.kind == "additive":
+        assert out.shape == (2, 5, DIM) and out.isfinite().all()
+    elif info.kind == "bias":
+        assert out.shape == (2, HEADS, 5, 5)
+        assert out.tril().isfinite().all()  # causal forms hold -inf above the diagonal only
+    elif info.kind == "relative_kv":
+        assert isinstance(out, ShawTables) and out.index.shape == (2, 5, 5)
+    else:
+        q, k = qk(5)
+        rq, rk = out.rotate(q, k)
+        assert rq.shape == q.shape and rq.isfinite().all() and rk.isfinite().all()
+
+
+# --- bad input -------------------------------------------------------------------------------------------
+def test_unknown_scheme_lists_the_known_ones() -> None:
+    with pytest.raises(ValueError, match=r"unknown scheme 'rope3d'; known: .*alibi2d.*rope2d"):
+        vispos.create_encoding("rope3d", dim=16)
+    with pytest.raises(ValueError, match=r"no 2D form; 2D schemes: .*rope2d"):
+        vispos.get_info("rope", ndim=2)
+    with pytest.raises(ValueError, match=r"ndim must be 1, 2 or None"):
+        vispos.list_encodings(ndim=3)
+
+
+def test_unknown_option_lists_the_accepted_ones() -> None:
+    with pytest.raises(
+        TypeError, match=r"unknown option\(s\) thetaa for scheme 'rope2d'; accepted: dim, theta, coords"
+    ):
+        vispos.create_encoding("rope2d", dim=16, thetaa=10.0)
+
+
+@pytest.mark.parametrize("name", ["rope2d", "rope2d_mixed"])
+@pytest.mark.parametrize("dim", [6, 18])
+def test_rope2d_head_dim_must_split_in_four(name: str, dim: int) -> None:
+    with pytest.raises(ValueError, match=rf"head dimension divisible by 4, got {dim}"):
+        build(name, dim=dim)
+
+
+@pytest.mark.parametrize("name", [n for n in SCHEMES_2D if n != "nope"])
+@pytest.mark.parametrize("grid", [(0, 4), (3, 0)])
+def test_zero_size_grid_is_refused(name: str, grid: tuple[int, int]) -> None:
+    with pytest.raises(ValueError, match=r"positive size"):
+        build(name)(grid)
+
+
+@pytest.mark.parametrize(
+    ("name", "options", "error", "match"),
+    [
+        ("rope2d", {"theta": "100"}, TypeError, r"theta must be a number, got str"),
+        ("rope2d", {"layout": "rotate_half"}, ValueError, r"accepted: half, interleaved"),
+        ("rope2d", {"coords": "pixels"}, ValueError, r"accepted: pixel, normalized"),
+        ("rope2d", {"dim": 16.0}, TypeError, r"dim \(head dimension\) must be an int"),
+        ("learned2d", {"factorized": "yes"}, TypeError, r"factorized must be a bool"),
+        ("learned2d", {"grid": (3.0, 4)}, TypeError, r"grid height must be an int"),
+        ("learned2d", {"grid": 14}, TypeError, r"grid must be a pair \(H, W\)"),
+        ("relbias2d", {"num_heads": "2"}, TypeError, r"num_heads must be an int"),
+        ("relbias2d", {"grid": (0, 4)}, ValueError, r"positive size"),
+        ("cpb2d", {"max_bias": -1.0}, ValueError, r"max_bias must be > 0"),
+        ("sincos2d", {"dim": 18}, ValueError, r"divisible by 4"),
+        ("alibi2d", {"num_heads": 0}, ValueError, r"num_heads must be >= 1"),
+    ],
+)
+def test_bad_options_say_what_is_accepted(name: str, options: dict, error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        build(name, **options)
+
+
+# --- describe ---------------------------------------------------------------------------------------------
+def test_describe_command_prints_every_scheme() -> None:
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run(
+        [sys.executable, "-m", "vispos", "describe"], cwd=root, capture_output=True, text=True, check=True, timeout=120
+    ).stdout
+    rows = [line for line in out.splitlines() if line.startswith("| `")]
+    listed = {(line.split("|")[1].strip(" `"), line.split("|")[2].strip()) for line in rows}
+    expected = {(n, "2D") for n in SCHEMES_2D} | {(n, "1D") for n in SCHEMES_1D}
+    assert listed == expected
+    for scaling in ("linear", "ntk", "dynamic_ntk", "yarn", "longrope"):
+        assert scaling in out

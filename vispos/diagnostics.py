@@ -1,1 +1,0 @@
-"""Diagnostics (placeholder until issue 5 lands)."""

@@ -1,0 +1,159 @@
+"""Position part of attention logits: for a scheme alone, and for one layer of a patched timm ViT.
+
+Every function returns a logit map [heads, N, N] (query index, key index) for tokens that carry the
+same content at every position, so only position varies across the map. 2D grids are row-major
+(index = y * W + x); 1D positions are 0 .. N-1 unless given.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .._validate import check_grid, check_int, check_positions
+from ..attention import PatchedAttention
+from ..patch import Positions
+
+Where = tuple[int, int] | int | torch.Tensor  # a 2D grid (H, W), or 1D positions (length or [N] tensor)
+
+
+def _device(*tensors: torch.Tensor | None, module: nn.Module) -> torch.device:
+    for t in (*tensors, *module.parameters()):
+        if t is not None:
+            return t.device
+    return torch.device("cpu")
+
+
+def _heads(vec: torch.Tensor, name: str) -> torch.Tensor:
+    """Content vector [head_dim] or [heads, head_dim] -> [heads, head_dim]."""
+    if vec.dim() == 1:
+        return vec[None]
+    if vec.dim() != 2:
+        raise ValueError(f"{name} must be [head_dim] or [heads, head_dim], got {tuple(vec.shape)}")
+    return vec
+
+
+def _content_logits(q: torch.Tensor, k: torch.Tensor, n: int, scale: float) -> torch.Tensor:
+    """q . k * scale per head, the same for every pair: [heads, N, N]."""
+    return ((q * k).sum(-1) * scale)[:, None, None].expand(-1, n, n)
+
+
+def scheme_logits(
+    encoding: nn.Module,
+    where: Where,
+    *,
+    q: torch.Tensor | None = None,
+    k: torch.Tensor | None = None,
+    wq: torch.Tensor | None = None,
+    wk: torch.Tensor | None = None,
+    content: torch.Tensor | None = None,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Logits between every pair of positions for a scheme built by ``vispos.create_encoding``. [heads, N, N].
+
+    ``where``: the grid (H, W) of a 2D scheme, or the positions (length, or integer tensor [N]) of a 1D one.
+    What the scheme needs, by kind (``scale`` defaults to 1 / sqrt(head_dim)):
+
+    - rotary: content ``q``, ``k`` [head_dim] or [heads, head_dim], the same at every position; the
+      logit is R(p) q . R(q') k * scale.
+    - bias: the bias itself (the position part); with ``q``, ``k`` also the content logit q . k * scale.
+    - relative_kv (Shaw): ``q`` required; q . a(q' - p) * scale, plus q . k * scale when ``k`` is given.
+    - additive: projections ``wq``, ``wk`` [heads, C, head_dim]; tokens x_p = content + PE_p
+      (``content`` [C], default zero: the position-only part PE_p W_q . PE_q' W_k), logits x_p W_q . x_q' W_k * scale.
+    - none: the content logit q . k * scale (constant), or zeros [1, N, N].
+    """
+    info = getattr(encoding, "scheme_info", None)
+    if info is None:
+        raise TypeError(f"{type(encoding).__name__} carries no scheme_info; build it with vispos.create_encoding")
+    device = _device(q, wq, module=encoding)
+    if info.ndim == 2:
+        where = check_grid(where)
+        out = encoding(where, device)
+        n = where[0] * where[1]
+    else:
+        positions = check_positions(where).to(device)
+        if positions.dim() != 1:
+            raise ValueError(f"1D positions must be a length or a tensor [N], got {tuple(positions.shape)}")
+        out, n = encoding(positions), positions.shape[0]
+    if info.kind in ("rotary", "relative_kv") and q is None:
+        raise ValueError(f"{info.name} ({info.kind}) needs content vectors q= (and k=) [head_dim] or [heads, head_dim]")
+    if info.kind == "rotary" and k is None:
+        raise ValueError(f"{info.name} (rotary) needs content vectors q= and k=")
+    if info.kind == "additive":
+        if wq is None or wk is None:
+            raise ValueError(f"{info.name} (additive) needs projections wq= and wk= [heads, C, head_dim]")
+        x = out if content is None else out + content  # [N, C]
+        qs = torch.einsum("nc,hcd->hnd", x.to(wq.dtype), wq)  # [heads, N, head_dim]
+        ks = torch.einsum("nc,hcd->hnd", x.to(wk.dtype), wk)
+        scale = 1.0 / math.sqrt(wq.shape[-1]) if scale is None else scale
+        return qs @ ks.transpose(-2, -1) * scale
+    if q is not None:
+        q = _heads(q, "q")
+        scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    if k is not None:
+        k = _heads(k, "k")
+    if info.kind == "rotary":
+        heads = max(q.shape[0], k.shape[0], out.cos.shape[0] if out.cos.dim() == 3 else 1)
+        qs = q[None, :, None, :].expand(1, heads, n, -1)  # [1, heads, N, head_dim]
+        ks = k[None, :, None, :].expand(1, heads, n, -1)
+        qr, kr = out.rotate(qs, ks)
+        return (qr @ kr.transpose(-2, -1))[0] * scale
+    content_part = _content_logits(q, k, n, scale) if q is not None and k is not None else None
+    if info.kind == "bias":
+        return out.float() if content_part is None else out.float() + content_part
+    if info.kind == "relative_kv":
+        q_rel = q @ out.key_table.T.to(q.dtype)  # [heads, 2k+1]
+        logits = q_rel[:, out.index] * scale  # [heads, N, N]
+        return logits if content_part is None else logits + content_part
+    return torch.zeros(1, n, n, device=device) if content_part is None else content_part
+
+
+def layer_logits(
+    model: nn.Module,
+    grid: tuple[int, int],
+    *,
+    layer: int = 0,
+    content: torch.Tensor | None = None,
+    norm: bool = False,
+) -> torch.Tensor:
+    """Logits of layer ``layer`` of a vispos-patched timm ViT between every pair of patches. [heads, HW, HW].
+
+    The tokens are ``content`` [C] (default zero) at every patch, passed through the model's own
+    ``_pos_embed`` (additive table, prefix tokens), then, with ``norm=True``, ``norm_pre`` and the
+    block's ``norm1`` (the exact input of the first layer), then the layer's own qkv projection,
+    q/k norms, rotation and bias mask, as in its forward. Prefix tokens take part (RoPE leaves them
+    unrotated) and are dropped from the result. Rotary schemes need a non-zero ``content``; with
+    ``content=None`` an additive scheme gives its position-only part. Call it on a model in eval mode.
+    """
+    pos = getattr(model, "vispos", None)
+    if not isinstance(pos, Positions):
+        raise ValueError("this model is not patched by vispos; call vispos.patch(model, ...) first")
+    layer = check_int("layer", layer, minimum=0)
+    if layer >= len(model.blocks):
+        raise ValueError(f"layer {layer} out of range; the model has {len(model.blocks)} blocks")
+    h, w = check_grid(grid)
+    block = model.blocks[layer]
+    attn = block.attn
+    if not isinstance(attn, PatchedAttention):
+        raise TypeError(f"block {layer} attention is {type(attn).__name__}, not a vispos PatchedAttention")
+    weight = next(model.parameters())
+    x = weight.new_zeros(1, h, w, model.embed_dim)  # NHWC, as patch_embed hands it over
+    if content is not None:
+        x = x + content.to(x)
+    x = model._pos_embed(x)
+    x = x[0] if isinstance(x, tuple) else x  # Eva returns (x, rope)
+    if norm:
+        x = block.norm1(model.norm_pre(x))
+    q, k, _ = attn.project(x)  # [1, heads, P + HW, head_dim]
+    q, k = attn.q_norm(q), attn.k_norm(k)
+    ctx = pos.context((h, w), x.device)
+    rotary, mask = ctx.rotary[layer], ctx.masks[layer]
+    if rotary is not None:
+        q, k = rotary.rotate(q, k)
+    logits = (q @ k.transpose(-2, -1))[0] * attn.scale  # [heads, P + HW, P + HW]
+    if mask is not None:
+        logits = logits + mask.to(logits.dtype)
+    p = pos.num_prefix_tokens
+    return logits[:, p:, p:]
