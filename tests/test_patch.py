@@ -264,3 +264,20 @@ def test_scaling_temperature_applies_to_prefix_tokens_too() -> None:
     assert rotary.attention == pytest.approx(expected)
     assert torch.allclose(rotary.cos[0], torch.full_like(rotary.cos[0], expected))
     assert torch.equal(rotary.sin[0], torch.zeros_like(rotary.sin[0]))
+
+
+def test_log_n_attention_scales_logits_only_above_the_training_grid() -> None:
+    model = make("vit_small_cls", "alibi2d").eval()
+    native, larger = torch.randn(1, 3, IMG, IMG), torch.randn(1, 3, IMG * 2, IMG * 2)
+    base_native, base_larger = model(native), model(larger)
+    vispos.configure(model, log_n_attention=True)
+    assert model.vispos.context((8, 8), torch.device("cpu")).logit_scale == pytest.approx(math.log(64) / math.log(16))
+    assert torch.equal(model(native), base_native)
+    scaled = model(larger)
+    # the same thing by hand: every block's softmax temperature multiplied by ln 64 / ln 16
+    reference = copy.deepcopy(model)
+    vispos.configure(reference, log_n_attention=False)
+    for blk in reference.blocks:
+        blk.attn.scale *= math.log(64) / math.log(16)
+    torch.testing.assert_close(scaled, reference(larger))
+    assert not torch.allclose(scaled, base_larger)

@@ -153,8 +153,10 @@ class PatchedAttention(torch.nn.Module):
         gate = self.gate(x).sigmoid() if self.gate is not None else None
         q, k, v = self.project(x)
         q, k = self.q_norm(q), self.k_norm(k)
+        scale = self.scale
         if isinstance(attn_mask, PositionContext):
             rotary, mask = attn_mask.rotary[self.layer_idx], attn_mask.masks[self.layer_idx]
+            scale = scale * attn_mask.logit_scale
         else:
             rotary, mask = None, attn_mask
         if rotary is not None:
@@ -166,7 +168,7 @@ class PatchedAttention(torch.nn.Module):
             mask=mask,
             is_causal=is_causal,
             fused=self.fused_attn,
-            scale=self.scale,
+            scale=scale,
             dropout_p=self.attn_drop.p if self.training else 0.0,
         )
         out = self.norm(out.transpose(1, 2).reshape(b, n, -1))

@@ -14,6 +14,7 @@ What changes on the one model it is given (never on timm's classes):
 
 from __future__ import annotations
 
+import math
 import types
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +44,7 @@ class PositionContext:
 
     rotary: tuple[Rotary | None, ...]  # cos/sin [N, d] or [heads, N, d]
     masks: tuple[torch.Tensor | None, ...]  # additive [heads, N, N] or the user's mask
+    logit_scale: float = 1.0  # extra temperature on every logit (log-n attention scaling)
 
 
 class Positions(nn.Module):
@@ -66,6 +68,7 @@ class Positions(nn.Module):
         self.num_prefix_tokens = num_prefix_tokens
         self.patch_size = patch_size
         self.enabled = True
+        self.log_n_tokens: int | None = None  # training token count when log-n attention scaling is on
 
     def grid(self, image: torch.Tensor) -> tuple[int, int]:
         """Patch grid of an image batch [B, C, H, W]; refuses sizes the patch size does not divide."""
@@ -87,9 +90,10 @@ class Positions(nn.Module):
         p = self.num_prefix_tokens
         user = as_float_mask(user_mask, torch.float32)
         outputs = self._per_layer(grid, device)
+        logit_scale = self.logit_scale(grid)
         if self.attention_kind == "rotary":
             rotary = tuple(r.with_prefix(p) if r is not None else None for r in outputs)
-            return PositionContext(rotary, (user,) * self.depth)
+            return PositionContext(rotary, (user,) * self.depth, logit_scale)
         masks = []
         for bias in outputs:
             if bias is None:
@@ -97,7 +101,14 @@ class Positions(nn.Module):
                 continue
             bias = F.pad(bias, (p, 0, p, 0))  # prefix rows and columns: zero bias
             masks.append(bias if user is None else bias + user)
-        return PositionContext((None,) * self.depth, tuple(masks))
+        return PositionContext((None,) * self.depth, tuple(masks), logit_scale)
+
+    def logit_scale(self, grid: tuple[int, int]) -> float:
+        """log-n attention scaling: logits x max(1, ln N / ln N_train) for N patch tokens, so attention
+        keeps its sharpness (entropy) when a larger grid spreads it over more keys."""
+        if self.log_n_tokens is None:
+            return 1.0
+        return max(1.0, math.log(grid[0] * grid[1]) / math.log(self.log_n_tokens))
 
     def add_to_patches(self, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
         """x [B, H*W, C] (patch tokens only) + the additive table, if any."""
@@ -295,31 +306,48 @@ def _patched(model: nn.Module) -> Positions:
     return pos
 
 
+_KEEP: Any = object()  # "leave this setting as it is"
+
+
 def configure(
     model: nn.Module,
     *,
-    scaling: str | dict | None = None,
+    scaling: str | dict | None = _KEEP,
     train_grid: tuple[int, int] | None = None,
+    log_n_attention: bool | None = None,
     **scaling_options: Any,
 ) -> nn.Module:
-    """Switch RoPE scaling of a rope2d model for inference at grids larger than training, no re-patching.
+    """Inference-time settings of a patched model for grids larger than training; no re-patching.
 
-    ``scaling``: "linear", "ntk", "yarn" (or any ``RopeScaling`` type), or None to switch it off.
-    ``train_grid`` defaults to the grid the model had when it was patched. Each axis is stretched by
-    its own factor (current / training size, at least 1) unless ``factor=`` is given.
+    ``scaling``: RoPE scaling of a rope2d model, "linear", "ntk", "yarn" (or any ``RopeScaling`` type,
+    options such as ``factor=`` as keywords), or None to switch it off. Each axis is stretched by its
+    own factor, current / training size (at least 1), unless ``factor=`` is given.
+    ``log_n_attention``: True multiplies every logit by max(1, ln N / ln N_train) (N patch tokens);
+    works with any scheme. ``train_grid`` defaults to the grid the model had when it was patched.
+    Settings left out keep their current value.
     """
     from .encodings.rope import Rope2d  # noqa: PLC0415
 
     pos = _patched(model)
-    ropes = [m for m in pos.modules() if isinstance(m, Rope2d)]
-    if not ropes:
-        raise ValueError(f"RoPE scaling applies to rope2d; this model uses {model.vispos_cfg['pos']}")
     grid = check_grid(train_grid if train_grid is not None else model.vispos_cfg["train_grid"], "train_grid")
-    for rope in ropes:
-        rope.set_scaling(scaling, train_grid=grid, **scaling_options)
-    model.vispos_cfg["scaling"] = (
-        None if scaling is None else {"scaling": scaling, "train_grid": grid, **scaling_options}
-    )
+    if scaling is _KEEP and scaling_options:
+        raise ValueError(f"scaling options {sorted(scaling_options)} given without scaling=")
+    if scaling is not _KEEP:
+        ropes = [m for m in pos.modules() if isinstance(m, Rope2d)]
+        if not ropes:
+            raise ValueError(f"RoPE scaling applies to rope2d; this model uses {model.vispos_cfg['pos']}")
+        for rope in ropes:
+            rope.set_scaling(scaling, train_grid=grid, **scaling_options)
+        model.vispos_cfg["scaling"] = (
+            None if scaling is None else {"scaling": scaling, "train_grid": grid, **scaling_options}
+        )
+    if log_n_attention is not None:
+        if not isinstance(log_n_attention, bool):
+            raise TypeError(f"log_n_attention must be a bool, got {type(log_n_attention).__name__}")
+        pos.log_n_tokens = grid[0] * grid[1] if log_n_attention else None
+        if log_n_attention and pos.log_n_tokens < 2:
+            raise ValueError("log_n_attention needs a training grid of at least 2 patches")
+        model.vispos_cfg["log_n_attention"] = log_n_attention
     return model
 
 
