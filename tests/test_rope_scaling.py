@@ -187,3 +187,12 @@ def test_rope2d_scaling_needs_train_grid_and_pixel_coords() -> None:
         vispos.create_encoding(
             "rope2d", dim=16, scaling={"type": "longrope", "long_factors": [1.0] * 8}, train_grid=(4, 4)
         )
+
+
+def test_rope_scaling_switched_after_training_is_validated_on_assignment() -> None:
+    rope = vispos.create_encoding("rope", ndim=1, dim=16)
+    with pytest.raises(ValueError, match="dim / 2 = 8"):
+        rope.scaling = vispos.RopeScaling("longrope", original_length=8, long_factors=(1.0,) * 3)
+    rope.scaling = {"type": "yarn", "factor": 2.0, "original_length": 8}
+    assert isinstance(rope.scaling, vispos.RopeScaling) and rope.scaling.type == "yarn"
+    assert rope(torch.arange(16)).attention == pytest.approx(0.1 * math.log(2.0) + 1.0)

@@ -33,7 +33,9 @@ def resample_table_2d(table: torch.Tensor, grid: tuple[int, int]) -> torch.Tenso
 
 class Learned1d(nn.Module):
     """A trainable [max_len, dim] table. Beyond ``max_len`` it must be told what to do (``out_of_range``):
-    ``error`` (default), ``clamp`` (reuse the last row) or ``interpolate`` (stretch the table linearly)."""
+    ``error`` (default), ``clamp`` (reuse the last row) or ``interpolate`` (stretch the table linearly).
+    ``init_std`` 0.02 (BERT / ViT) suits token embeddings of that scale; next to ``nn.Embedding``'s
+    N(0, 1) tokens use about 1.0, or the table barely moves in a short run."""
 
     def __init__(self, *, dim: int, max_len: int = 512, out_of_range: str = "error", init_std: float = 0.02) -> None:
         super().__init__()

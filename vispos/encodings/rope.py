@@ -116,8 +116,18 @@ class Rope(nn.Module):
         self.dim = _check_dim(dim, 2, "rope")
         self.theta = check_float("theta", theta, positive=True)
         self.layout = check_choice("layout", layout, LAYOUTS)
-        self.scaling = as_scaling(scaling)
-        check_scaling_dim(self.scaling, self.dim)
+        self.scaling = scaling
+
+    @property
+    def scaling(self) -> RopeScaling | None:
+        """RoPE scaling in use; may be switched after training (validated on assignment)."""
+        return self._scaling
+
+    @scaling.setter
+    def scaling(self, scaling: RopeScaling | dict | str | None) -> None:
+        scaling = as_scaling(scaling)
+        check_scaling_dim(scaling, self.dim)
+        self._scaling = scaling
 
     def inv_freq(self, length: int) -> tuple[torch.Tensor, float]:
         return scaled_inv_freq(self.dim, self.theta, self.scaling, length)

@@ -1,0 +1,355 @@
+"""The benchmark's configuration: dataclasses (the schema) filled strictly from YAML and ``key=value`` overrides.
+
+An unknown key or a value of the wrong type is an error that names what is accepted. A scheme entry may be
+a plain string: ``rope`` (train this 1D scheme), ``rope+yarn`` (evaluate the trained ``rope`` model with
+RoPE scaling ``yarn``) or ``learned1d+clamp`` (evaluate the trained ``learned1d`` table with that
+out-of-range rule).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import yaml
+
+import vispos
+import vispos.registry
+
+TASKS: tuple[str, ...] = ("passkey", "copy", "reverse", "recall")
+SCALINGS: tuple[str, ...] = ("linear", "ntk", "dynamic_ntk", "yarn", "longrope")
+OUT_OF_RANGE: tuple[str, ...] = ("error", "clamp", "interpolate")
+
+
+class ConfigError(ValueError):
+    """A config file or override is invalid; the message says what is wrong and what is accepted."""
+
+
+@dataclass
+class PasskeyConfig:
+    """A key of ``key_len`` symbols after a marker, hidden at a depth in filler drawn from the same symbols."""
+
+    values: int = 16  # alphabet of the key and the filler: the marker is the only cue
+    key_len: int = 1
+    depths: list[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])  # evaluation depths
+
+
+@dataclass
+class CopyConfig:
+    """Copy (or reverse) the symbols before the separator; scored per output token."""
+
+    values: int = 64
+
+
+@dataclass
+class RecallConfig:
+    """Associative recall: ``pairs`` key-value pairs scattered in filler, then ``queries`` of their keys."""
+
+    keys: int = 32  # key alphabet (keys are distinct within a sequence)
+    values: int = 16  # value alphabet, also the filler's
+    pairs: int = 8
+    queries: int = 4
+
+
+@dataclass
+class ModelConfig:
+    """A pre-norm causal transformer: token embedding, blocks of vispos.nn.Attention + MLP, LM head."""
+
+    dim: int = 64
+    depth: int = 2
+    heads: int = 4
+    mlp_ratio: float = 4.0
+
+
+@dataclass
+class TrainConfig:
+    """Identical for every scheme: same seed, data, steps and schedule."""
+
+    length: int = 64  # training length L (tokens per sequence)
+    min_length: int | None = None  # each batch's length drawn from [min_length, length]; None: always L
+    steps: int = 1500
+    batch_size: int = 32
+    lr: float = 3e-3
+    weight_decay: float = 0.01
+    warmup: float = 0.1  # fraction of steps with linear warm-up, then cosine decay to 0
+    grad_clip: float | None = 1.0
+    drope_schedule: Literal["restart", "continue"] = "restart"  # at the drop: warm-up + cosine again, or go on
+    log_every: int = 250
+
+
+@dataclass
+class EvalConfig:
+    multiples: list[int] = field(default_factory=lambda: [1, 2, 4, 8])  # evaluated lengths, in units of L
+    samples: int = 320  # sequences per length (passkey: split evenly over the depths)
+    batch_size: int = 64
+
+
+@dataclass
+class LongRopeConfig:
+    """LongRoPE's per-frequency factors: given, or found by a small search on held-out data and lengths."""
+
+    long_factors: list[float] | None = None  # one per rotary frequency (head_dim / 2); None: search
+    search_multiples: list[float] = field(default_factory=lambda: [3.0, 6.0])  # held-out lengths, units of L
+    search_samples: int = 64  # held-out sequences per search length
+    candidates: int = 24  # structured candidates, then mutations of the best ones
+    rounds: int = 1
+    factor: float | None = 4.0  # LongRoPE's scale s (attention factor); None: length / L
+
+
+@dataclass
+class SchemeConfig:
+    """A row of the tables: a 1D scheme to train (``pos``) or an evaluation-only variant of one (``base``)."""
+
+    name: str
+    pos: str | None = None  # vispos 1D registry name
+    options: dict[str, Any] = field(default_factory=dict)  # scheme options (theta, max_distance, ...)
+    drope: float = 0.0  # DroPE: positions off for this final fraction of the steps
+    base: str | None = None  # evaluation-only: the trained scheme this row re-evaluates
+    scaling: dict[str, Any] | None = None  # RopeScaling fields (type, factor, ...) applied at evaluation
+    out_of_range: Literal["error", "clamp", "interpolate"] | None = None  # learned1d rule at evaluation
+
+    @property
+    def trains(self) -> bool:
+        return self.base is None
+
+
+@dataclass
+class BenchConfig:
+    name: str
+    schemes: list[SchemeConfig]
+    tasks: list[Literal["passkey", "copy", "reverse", "recall"]] = field(default_factory=lambda: ["passkey"])
+    seed: int = 0
+    out_dir: str | None = None  # default runs/<name>
+    device: Literal["auto", "cpu", "cuda"] = "cpu"
+    threads: int = 1  # torch threads per worker process
+    workers: int = 1  # processes training schemes in parallel (CPU); 1 runs in this process
+    progress: bool = True
+    passkey: PasskeyConfig = field(default_factory=PasskeyConfig)
+    copy: CopyConfig = field(default_factory=CopyConfig)
+    reverse: CopyConfig = field(default_factory=CopyConfig)
+    recall: RecallConfig = field(default_factory=RecallConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    longrope: LongRopeConfig = field(default_factory=LongRopeConfig)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.out_dir) if self.out_dir else Path("runs") / self.name
+
+    def lengths(self) -> list[int]:
+        return [m * self.train.length for m in self.eval.multiples]
+
+
+# ---------------------------------------------------------------------------------------------------
+# strict conversion from plain data
+
+
+def _convert(value: Any, tp: Any, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return copy.deepcopy(value)
+    if origin in (Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for a in (a for a in args if a is not type(None)):
+            try:
+                return _convert(value, a, where)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0] if len(errors) == 1 else f"{where}: {value!r} matches none of the accepted types")
+    if origin is Literal:
+        if isinstance(value, bool) or value not in typing.get_args(tp):
+            raise ConfigError(
+                f"{where}: {value!r} is not accepted; accepted: {', '.join(map(str, typing.get_args(tp)))}"
+            )
+        return value
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        return [_convert(v, typing.get_args(tp)[0], f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+            raise ConfigError(f"{where}: expected a mapping with string keys, got {value!r}")
+        return copy.deepcopy(value)
+    if dataclasses.is_dataclass(tp):
+        return _from_dict(tp, value, where)
+    if tp is bool and isinstance(value, bool):
+        return value
+    if tp is int and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads "1e-3" as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    if tp is str and isinstance(value, str):
+        return value
+    raise ConfigError(f"{where}: expected {getattr(tp, '__name__', tp)}, got {value!r}")
+
+
+def _scheme_from_string(text: str) -> dict[str, Any]:
+    base, _, variant = (p.strip() for p in text.partition("+"))
+    if not variant:
+        return {"name": text, "pos": base}
+    if variant in SCALINGS:
+        return {"name": text, "base": base, "scaling": {"type": variant}}
+    if variant in OUT_OF_RANGE:
+        return {"name": text, "base": base, "out_of_range": variant}
+    raise ConfigError(
+        f"scheme {text!r}: after '+' write a RoPE scaling ({', '.join(SCALINGS)}) or an "
+        f"out-of-range rule ({', '.join(OUT_OF_RANGE)})"
+    )
+
+
+def _from_dict(cls: type, data: Any, where: str) -> Any:
+    if cls is SchemeConfig and isinstance(data, str):
+        data = _scheme_from_string(data)
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where or 'config'}: expected a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for key in data:
+        if key not in fields:
+            close = difflib.get_close_matches(str(key), fields, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(
+                f"unknown config key {where + '.' if where else ''}{key}{hint}; accepted: {', '.join(fields)}"
+            )
+    kwargs = {}
+    for name, f in fields.items():
+        key = f"{where}.{name}" if where else name
+        if name in data:
+            kwargs[name] = _convert(data[name], hints[name], key)
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ConfigError(f"missing required config key {key}")
+    return cls(**kwargs)
+
+
+def validate(cfg: BenchConfig) -> BenchConfig:
+    """Checks across fields."""
+    names = [s.name for s in cfg.schemes]
+    if not names or len(set(names)) != len(names):
+        raise ConfigError(f"schemes: list at least one, with unique names; got {names}")
+    trained = {s.name: s for s in cfg.schemes if s.trains}
+    for s in cfg.schemes:
+        where = f"schemes[{s.name}]"
+        if s.trains:
+            if s.pos is None:
+                raise ConfigError(f"{where}: give pos (a 1D registry name) or base (a trained scheme)")
+            if s.scaling is not None or s.out_of_range is not None:
+                raise ConfigError(f"{where}: scaling / out_of_range are evaluation-only; give base as well")
+            if not 0.0 <= s.drope < 1.0:
+                raise ConfigError(f"{where}: drope is a fraction of the steps in [0, 1), got {s.drope}")
+            try:
+                accepted = vispos.registry.accepted_options(s.pos, 1)
+            except ValueError as e:
+                raise ConfigError(f"{where}: {e}") from None
+            unknown = sorted(set(s.options) - set(accepted))
+            if unknown:
+                raise ConfigError(f"{where}: unknown option(s) {', '.join(unknown)}; accepted: {', '.join(accepted)}")
+            continue
+        if s.base not in trained:
+            raise ConfigError(f"{where}: base {s.base!r} is not a trained scheme; trained: {', '.join(trained)}")
+        if s.pos is not None or s.options or s.drope:
+            raise ConfigError(f"{where}: an evaluation-only row (base) takes no pos, options or drope")
+        if (s.scaling is None) == (s.out_of_range is None):
+            raise ConfigError(f"{where}: an evaluation-only row needs exactly one of scaling or out_of_range")
+        base_pos = trained[s.base].pos
+        if s.scaling is not None and (base_pos != "rope" or s.scaling.get("type") not in SCALINGS):
+            raise ConfigError(f"{where}: scaling needs a rope base and type in {', '.join(SCALINGS)}")
+        if s.out_of_range is not None and base_pos != "learned1d":
+            raise ConfigError(f"{where}: out_of_range applies to a learned1d base, not {base_pos!r}")
+        if s.scaling is not None:
+            trial = {"original_length": cfg.train.length, **s.scaling}
+            if trial["type"] == "longrope":
+                trial.setdefault("long_factors", (1.0,))  # the real ones come from the search or longrope:
+            try:
+                vispos.RopeScaling(**trial)
+            except (TypeError, ValueError) as e:
+                raise ConfigError(f"{where}: scaling: {e}") from None
+    if not cfg.tasks or len(set(cfg.tasks)) != len(cfg.tasks):
+        raise ConfigError(f"tasks: list each of {', '.join(TASKS)} at most once, at least one")
+    t, e = cfg.train, cfg.eval
+    for key, val in (
+        ("train.length", t.length),
+        ("train.steps", t.steps),
+        ("train.batch_size", t.batch_size),
+        ("eval.samples", e.samples),
+        ("eval.batch_size", e.batch_size),
+        ("workers", cfg.workers),
+        ("threads", cfg.threads),
+        ("model.depth", cfg.model.depth),
+        ("passkey.key_len", cfg.passkey.key_len),
+    ):
+        if val < 1:
+            raise ConfigError(f"{key} must be >= 1, got {val}")
+    if not e.multiples or min(e.multiples) < 1:
+        raise ConfigError(f"eval.multiples: positive multiples of train.length, got {e.multiples}")
+    if t.min_length is not None and not 1 <= t.min_length <= t.length:
+        raise ConfigError(f"train.min_length must be in [1, train.length], got {t.min_length}")
+    if not 0.0 <= t.warmup < 1.0:
+        raise ConfigError(f"train.warmup is a fraction of the steps in [0, 1), got {t.warmup}")
+    if not cfg.passkey.depths or not all(0.0 <= d <= 1.0 for d in cfg.passkey.depths):
+        raise ConfigError(f"passkey.depths: fractions in [0, 1], got {cfg.passkey.depths}")
+    return cfg
+
+
+def _field_type(path: list[str]) -> Any:
+    tp: Any = BenchConfig
+    for i, part in enumerate(path):
+        hints = typing.get_type_hints(tp) if dataclasses.is_dataclass(tp) else {}
+        if part not in hints:
+            where = ".".join(path[:i]) or "the top level"
+            raise ConfigError(f"unknown config key {'.'.join(path)}; accepted in {where}: {', '.join(hints) or '-'}")
+        tp = hints[part]
+    return tp
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """``a.b=value`` strings onto raw config data; values are read as YAML (strings stay strings)."""
+    data = copy.deepcopy(data)
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise ConfigError(f"override {item!r}: write key=value, e.g. train.steps=500")
+        path = key.strip().split(".")
+        tp = _field_type(path)
+        value = raw if tp is str else yaml.safe_load(raw)
+        node = data
+        for part in path[:-1]:
+            if not isinstance(node.get(part), dict):
+                node[part] = {}
+            node = node[part]
+        node[path[-1]] = value
+    return data
+
+
+def config_from_dict(data: Any) -> BenchConfig:
+    return validate(_from_dict(BenchConfig, data, ""))
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> BenchConfig:
+    """Read a YAML config, apply overrides, validate."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    data = yaml.safe_load(path.read_text())
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of config keys")
+    return config_from_dict(apply_overrides(data, overrides or []))
+
+
+def to_dict(cfg: BenchConfig) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
