@@ -20,6 +20,7 @@ import yaml
 
 SCALINGS: tuple[str, ...] = ("linear", "ntk", "yarn")
 PROTOCOLS: tuple[str, ...] = ("resize", "canvas")
+EVAL_SUFFIXES: tuple[str, ...] = (*SCALINGS, "logn")  # scheme-string suffixes that make an evaluation variant
 
 
 class ConfigError(ValueError):
@@ -43,6 +44,7 @@ class DataConfig:
     on_corrupt: Literal["skip", "error"] = "skip"  # unreadable image: skip and count, or stop naming it
     workers: int = 0  # DataLoader workers for folder datasets
     augment: Literal["none", "flip", "crop_flip"] = "none"  # training augmentation
+    auto_augment: str | None = None  # folder: timm RandAugment string, e.g. "rand-m9-mstd0.5-inc1"
     crop_pct: float = 0.875  # folder: eval transform resizes to img_size / crop_pct then centre-crops
     mean: list[float] | None = None  # None: the dataset's own statistics (Fashion-MNIST) or ImageNet's
     std: list[float] | None = None
@@ -69,8 +71,9 @@ class ModelConfig:
 class SchemeConfig:
     """One row of the comparison: a positional scheme to train, or an evaluation-only variant of one.
 
-    In YAML a plain string is accepted: ``rope2d`` (one scheme), ``learned2d+rope2d`` (a combination)
-    or ``rope2d+yarn`` (the trained ``rope2d`` model evaluated with RoPE scaling ``yarn``).
+    In YAML a plain string is accepted: ``rope2d`` (one scheme), ``learned2d+rope2d`` (a combination),
+    ``rope2d+yarn`` (the trained ``rope2d`` model evaluated with RoPE scaling ``yarn``) or
+    ``alibi2d+logn`` (the trained ``alibi2d`` model evaluated with log-n attention scaling).
     """
 
     name: str
@@ -79,6 +82,7 @@ class SchemeConfig:
     base: str | None = None  # evaluation-only: reuse the trained model of this scheme entry
     scaling: Literal["linear", "ntk", "yarn"] | None = None  # RoPE scaling applied at evaluation only
     scaling_options: dict[str, Any] = field(default_factory=dict)
+    log_n_attention: bool = False  # evaluation only: logits x max(1, ln N / ln N_train) (vispos.configure)
     drope: float = 0.0  # DroPE: positions switched off for this final fraction of the training steps
 
     @property
@@ -98,6 +102,8 @@ class TrainConfig:
     warmup: float = 0.1  # fraction of all steps with a linear warm-up, then cosine decay to min_lr
     grad_clip: float | None = 1.0
     label_smoothing: float = 0.0
+    mixup: float = 0.0  # mixup alpha (timm Mixup); 0: off
+    cutmix: float = 0.0  # cutmix alpha; 0: off
     precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
     compile: bool = False
     checkpoint_every: int = 100  # steps between mid-epoch checkpoints (0: only at epoch ends)
@@ -238,12 +244,22 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
 
 
 def _scheme_from_string(text: str, where: str) -> dict[str, Any]:
+    """'rope2d', 'learned2d+rope2d', 'rope2d+yarn', 'alibi2d+logn', 'rope2d+yarn+logn'."""
     parts = [p.strip() for p in text.split("+")]
     if not all(parts):
-        raise ConfigError(f"{where}: bad scheme {text!r}; write 'name', 'a+b' or 'name+{'|'.join(SCALINGS)}'")
-    if len(parts) == 2 and parts[1] in SCALINGS:
-        return {"name": text, "base": parts[0], "scaling": parts[1]}
-    return {"name": text, "pos": parts}
+        raise ConfigError(f"{where}: bad scheme {text!r}; write 'name', 'a+b' or 'name+{'|'.join(EVAL_SUFFIXES)}'")
+    scaling, log_n = None, False
+    while len(parts) > 1 and parts[-1] in EVAL_SUFFIXES:
+        suffix = parts.pop()
+        if suffix == "logn":
+            log_n = True
+        elif scaling is None:
+            scaling = suffix
+        else:
+            raise ConfigError(f"{where}: {text!r} names two RoPE scalings; use one of {', '.join(SCALINGS)}")
+    if scaling is None and not log_n:
+        return {"name": text, "pos": parts}
+    return {"name": text, "base": "+".join(parts), "scaling": scaling, "log_n_attention": log_n}
 
 
 def _from_dict(cls: type, data: Any, where: str) -> Any:
@@ -330,6 +346,10 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
                      ("data.val_per_class", d.val_per_class), ("eval.max_images", e.max_images)):
         if val is not None and val < 1:
             raise ConfigError(f"{key} must be >= 1 or null, got {val}")
+    if d.auto_augment is not None and d.dataset != "folder":
+        raise ConfigError("data.auto_augment (RandAugment on PIL images) applies to folder datasets only")
+    if t.mixup < 0 or t.cutmix < 0:
+        raise ConfigError(f"train.mixup and train.cutmix are alphas >= 0 (0: off), got {t.mixup}, {t.cutmix}")
     if (d.mean is None) != (d.std is None):
         raise ConfigError("data: give both mean and std, or neither")
     return cfg

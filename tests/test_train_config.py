@@ -1,0 +1,104 @@
+"""Config schema: strict keys, type-checked overrides, scheme shorthands, cross-field checks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from train.__main__ import main as train_main
+from train.config import ConfigError, SchemeConfig, apply_overrides, config_from_dict, load_config
+
+BASE = {"name": "t", "schemes": ["rope2d"], "eval": {"sizes": [28, 56]}}
+
+
+def test_unknown_top_level_key_names_the_accepted_keys() -> None:
+    with pytest.raises(ConfigError) as e:
+        config_from_dict({**BASE, "trian": {}})
+    msg = str(e.value)
+    assert "trian" in msg and "did you mean 'train'" in msg
+    assert "accepted keys" in msg and "schemes" in msg and "eval" in msg
+
+
+def test_unknown_nested_key_names_its_section_and_accepted_keys() -> None:
+    with pytest.raises(ConfigError, match=r"unknown config key train\.lrr .*accepted keys in train: epochs"):
+        config_from_dict({**BASE, "train": {"lrr": 1.0}})
+    with pytest.raises(ConfigError, match=r"schemes\[0\]"):
+        config_from_dict({**BASE, "schemes": [{"name": "a", "pos": "rope2d", "theta": 10}]})
+
+
+def test_wrong_value_types_are_errors() -> None:
+    with pytest.raises(ConfigError, match=r"train\.epochs: expected an int, got 'three'"):
+        config_from_dict({**BASE, "train": {"epochs": "three"}})
+    with pytest.raises(ConfigError, match=r"eval\.protocols\[0\]: 'stretch' is not accepted; accepted: resize, canvas"):
+        config_from_dict({**BASE, "eval": {"sizes": [28], "protocols": ["stretch"]}})
+    with pytest.raises(ConfigError, match="expected true or false"):
+        config_from_dict({**BASE, "progress": "yes please"})
+
+
+def test_overrides_are_type_checked_and_applied() -> None:
+    data = apply_overrides(
+        BASE,
+        [
+            "train.lr=1e-3",
+            "eval.sizes=[20,28]",
+            "model.global_pool=token",
+            "seed=3",
+            "schemes=[nope,rope2d+yarn,rope2d]",
+        ],
+    )
+    cfg = config_from_dict(data)
+    assert cfg.train.lr == pytest.approx(1e-3) and isinstance(cfg.train.lr, float)
+    assert cfg.eval.sizes == [20, 28] and cfg.model.global_pool == "token" and cfg.seed == 3
+    assert [s.name for s in cfg.schemes] == ["nope", "rope2d+yarn", "rope2d"]
+    with pytest.raises(ConfigError, match=r"override 'train\.epochs=2\.5': train\.epochs: expected an int"):
+        apply_overrides(BASE, ["train.epochs=2.5"])
+    with pytest.raises(ConfigError, match=r"unknown config key train\.lrr .*did you mean 'lr'"):
+        apply_overrides(BASE, ["train.lrr=1"])
+    with pytest.raises(ConfigError, match="write key=value"):
+        apply_overrides(BASE, ["train.lr"])
+    with pytest.raises(ConfigError, match="accepted: token, avg, max, avgmax, map"):
+        apply_overrides(BASE, ["model.global_pool=mean"])
+
+
+def test_scheme_shorthands() -> None:
+    cfg = config_from_dict(
+        {
+            **BASE,
+            "schemes": ["rope2d", "learned2d+rope2d", "rope2d+yarn", {"name": "d", "pos": "rope2d", "drope": 0.25}],
+        }
+    )
+    combo, variant, drope = cfg.schemes[1], cfg.schemes[2], cfg.schemes[3]
+    assert combo.pos == ["learned2d", "rope2d"] and combo.trains
+    assert variant == SchemeConfig(name="rope2d+yarn", base="rope2d", scaling="yarn")
+    assert not variant.trains and drope.pos == ["rope2d"] and drope.drope == 0.25
+
+
+def test_cross_field_checks() -> None:
+    with pytest.raises(ConfigError, match="names must be unique"):
+        config_from_dict({**BASE, "schemes": ["rope2d", "rope2d"]})
+    with pytest.raises(ConfigError, match="base 'rope2d' is not a trained scheme.*trained: nope"):
+        config_from_dict({**BASE, "schemes": ["nope", "rope2d+ntk"]})
+    with pytest.raises(ConfigError, match="exactly one of sizes"):
+        config_from_dict({**BASE, "eval": {"sizes": [28], "scales": [1.0]}})
+    with pytest.raises(ConfigError, match=r"drope is a fraction"):
+        config_from_dict({**BASE, "schemes": [{"name": "a", "pos": "rope2d", "drope": 1.5}]})
+
+
+def test_cli_reports_config_errors_without_a_traceback(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("name: t\nschemes: [rope2d]\neval: {sizes: [28]}\nmodel: {depht: 3}\n")
+    assert train_main(["--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "unknown config key model.depht" in err and "did you mean 'depth'" in err
+    assert train_main(["--config", str(path), "train.epochs=x"]) == 2
+    assert "train.epochs: expected an int" in capsys.readouterr().err
+
+
+def test_shipped_configs_validate() -> None:
+    root = Path(__file__).resolve().parents[1] / "configs"
+    configs = sorted(p for pattern in ("fmnist_*.yaml", "imagenet*.yaml") for p in root.glob(pattern))
+    assert any(p.name == "fmnist_extrapolation.yaml" for p in configs)
+    for path in configs:
+        cfg = load_config(path)
+        assert cfg.schemes and cfg.eval.protocols == ["resize", "canvas"]

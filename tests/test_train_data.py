@@ -1,0 +1,136 @@
+"""Data: Fashion-MNIST idx reading, folder subsetting without copies, corrupt files, eval protocols."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import pytest
+import torch
+
+from train.config import DataConfig, config_from_dict
+from train.data import CorruptImageError, DataError, build_data, find_fashion_mnist, read_idx
+from train.loaders import Dist, EvalLoader, TrainLoader, canvas_offsets, place_on_canvas
+from train.testing import TINY, make_image_folder
+
+
+def folder_cfg(root: Path, **data: object) -> DataConfig:
+    return config_from_dict({**TINY, "data": {"dataset": "folder", "root": str(root), "img_size": 8,
+                                              "mean": [0.5, 0.5, 0.5], "std": [0.25, 0.25, 0.25], **data}}).data
+
+
+def test_fashion_mnist_subset_is_balanced_and_in_file_order() -> None:
+    bundle = build_data(DataConfig(train_per_class=30, val_per_class=5, num_classes=4))
+    assert bundle.classes == ["T-shirt/top", "Trouser", "Pullover", "Dress"]
+    assert bundle.train.images.shape == (120, 1, 28, 28) and bundle.train.images.dtype == torch.uint8
+    assert torch.bincount(bundle.train.labels).tolist() == [30, 30, 30, 30]
+    assert torch.bincount(bundle.val.labels).tolist() == [5, 5, 5, 5]
+    # the first 30 of each class, in file order: the first training image is the file's first image of its class
+    full = build_data(DataConfig(train_per_class=None, val_per_class=1))
+    first_trouser = int(torch.nonzero(full.train.labels == 1)[0])
+    assert torch.equal(bundle.train.images[int(torch.nonzero(bundle.train.labels == 1)[0])],
+                       full.train.images[first_trouser])
+
+
+def test_fashion_mnist_class_names_select_and_relabel() -> None:
+    bundle = build_data(DataConfig(classes=["Bag", "Sneaker"], train_per_class=3, val_per_class=2))
+    assert bundle.classes == ["Bag", "Sneaker"] and sorted(bundle.train.labels.tolist()) == [0, 0, 0, 1, 1, 1]
+    with pytest.raises(DataError, match="unknown class.*Sock.*available: T-shirt/top"):
+        build_data(DataConfig(classes=["Sock"]))
+
+
+def test_missing_fashion_mnist_says_how_to_install(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="apt-get install dataset-fashion-mnist"):
+        find_fashion_mnist(str(tmp_path))
+
+
+def test_truncated_idx_file_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "train-images-idx3-ubyte.gz"
+    with gzip.open(path, "wb") as f:
+        f.write(bytes([0, 0, 8, 3]) + (10).to_bytes(4, "big") + (28).to_bytes(4, "big") * 2 + b"\0" * 100)
+    with pytest.raises(DataError, match=r"train-images-idx3-ubyte\.gz is truncated"):
+        read_idx(path)
+
+
+def test_folder_subsetting_by_count_list_file_and_per_class(tmp_path: Path) -> None:
+    root = make_image_folder(tmp_path / "tree", classes=4, per_class=5, size=8)
+    bundle = build_data(folder_cfg(root, num_classes=3, train_per_class=2))
+    assert bundle.classes == ["class_0", "class_1", "class_2"] and len(bundle.train) == 6 and len(bundle.val) == 15
+    # no copies: the samples are the original files of the tree
+    assert all(Path(p).is_relative_to(root / "train") and Path(p).is_file() for p, _ in bundle.train.samples)
+    assert [Path(p).name for p, y in bundle.train.samples if y == 0] == ["img_0.png", "img_1.png"]
+    listing = tmp_path / "classes.txt"
+    listing.write_text("# two classes\nclass_3\nclass_1\n")
+    bundle = build_data(folder_cfg(root, class_file=str(listing), val_per_class=1))
+    assert bundle.classes == ["class_3", "class_1"] and bundle.num_classes == 2
+    assert {Path(p).parent.name: y for p, y in bundle.val.samples} == {"class_3": 0, "class_1": 1}
+    assert len(bundle.val) == 2
+    with pytest.raises(DataError, match="num_classes=9 but only 4"):
+        build_data(folder_cfg(root, num_classes=9))
+
+
+def _corrupt_tree(tmp_path: Path) -> tuple[Path, Path]:
+    root = make_image_folder(tmp_path / "tree", classes=2, per_class=4, size=8)
+    bad = root / "train" / "class_1" / "img_2.png"
+    bad.write_bytes(b"this is not a png")
+    truncated = root / "val" / "class_0" / "img_1.png"
+    truncated.write_bytes(truncated.read_bytes()[:30])
+    return root, bad
+
+
+def test_corrupt_images_are_skipped_and_counted(tmp_path: Path) -> None:
+    root, bad = _corrupt_tree(tmp_path)
+    cfg = config_from_dict({**TINY, "data": {"dataset": "folder", "root": str(root), "img_size": 8},
+                            "train": {"batch_size": 4}, "eval": {"sizes": [8, 16]}})
+    data = build_data(cfg.data)
+    loader = TrainLoader(data, cfg, Dist())
+    batches = list(loader.epoch(0))
+    assert len(batches) == 2
+    assert [p for b in batches for p in b.skipped] == [str(bad)]
+    assert sum(len(b.y) for b in batches) == 7 and all(b.x.shape[1:] == (3, 8, 8) for b in batches)
+    ev = EvalLoader(data, cfg, Dist(), patch_size=4)
+    for protocol in ("resize", "canvas"):
+        got = list(ev.batches(protocol, 16))
+        assert sum(len(b.skipped) for b in got) == 1 and sum(len(b.y) for b in got) == 7
+        assert all(b.x.shape[-2:] == (16, 16) for b in got)
+
+
+def test_corrupt_image_error_mode_names_the_file(tmp_path: Path) -> None:
+    root, bad = _corrupt_tree(tmp_path)
+    cfg = config_from_dict({**TINY, "data": {"dataset": "folder", "root": str(root), "img_size": 8,
+                                             "on_corrupt": "error"}, "train": {"batch_size": 4}})
+    loader = TrainLoader(build_data(cfg.data), cfg, Dist())
+    with pytest.raises(CorruptImageError, match=rf"cannot read image {bad}.*data\.on_corrupt=skip"):
+        list(loader.epoch(0))
+
+
+def test_canvas_places_the_image_at_training_scale_on_the_patch_grid() -> None:
+    x = torch.rand(2, 1, 8, 8)
+    offs = canvas_offsets(2, 8, 18, position="center", snap=4, gen=None)
+    assert offs.tolist() == [[4, 4], [4, 4]]  # room 10 -> centre 5 -> snapped to the patch grid
+    out = place_on_canvas(x, 18, offs, (0.0,))
+    assert out.shape == (2, 1, 18, 18) and torch.equal(out[:, :, 4:12, 4:12], x)
+    assert out.sum() == x.sum()  # everything else is background
+    crop = place_on_canvas(x, 4, canvas_offsets(2, 8, 4, position="center", snap=1, gen=None), (0.0,))
+    assert torch.equal(crop, x[:, :, 2:6, 2:6])  # smaller than training: a centre crop at training scale
+    rand = canvas_offsets(100, 8, 24, position="random", snap=4, gen=torch.Generator().manual_seed(0))
+    assert set(rand.flatten().tolist()) <= {0, 4, 8, 12, 16} and len(set(rand.flatten().tolist())) > 2
+
+
+def test_eval_protocols_on_fashion_mnist() -> None:
+    cfg = config_from_dict({**TINY, "eval": {"sizes": [20, 56], "max_images": 30}})
+    data = build_data(cfg.data)
+    ev = EvalLoader(data, cfg, Dist(), patch_size=4)
+    assert len(ev) == 30
+    (resized,) = list(ev.batches("resize", 56))
+    (canvas,) = list(ev.batches("canvas", 56))
+    (train,) = list(ev.batches("resize", 28))
+    assert resized.x.shape == canvas.x.shape == (30, 1, 56, 56) and torch.equal(resized.y, canvas.y)
+    background = (0.0 - data.mean[0]) / data.std[0]
+    assert torch.allclose(canvas.x[:, :, 12:40, 12:40], train.x)  # centred (offset 14 snapped to 12)
+    assert torch.allclose(canvas.x[:, :, :12], torch.full_like(canvas.x[:, :, :12], background))
+    assert not torch.allclose(resized.x[:, :, 12:40, 12:40], train.x)  # resize changes the content
+    # DDP shards are disjoint and cover the subset
+    shards = [EvalLoader(data, cfg, Dist(r, 2), patch_size=4) for r in (0, 1)]
+    ys = torch.cat([b.y for s in shards for b in s.batches("resize", 20)])
+    assert sorted(ys.tolist()) == sorted(train.y.tolist())

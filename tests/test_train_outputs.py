@@ -1,0 +1,150 @@
+"""End to end: the run folder's files, the evaluate entry point, evaluation-only variants and DroPE."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+import vispos
+from train.__main__ import main as train_main
+from train.evaluate import main as evaluate_main
+from train.experiment import run_experiment
+from train.testing import tiny_config
+
+SCHEMES = ["learned2d", "rope2d", "rope2d+yarn", {"name": "rope2d_drope", "pos": "rope2d", "drope": 0.4}]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("run")
+    return out, run_experiment(tiny_config(out, schemes=SCHEMES, model={"embed_dim": 48, "num_heads": 3},
+                                          train={"checkpoint_every": 0}))
+
+
+def test_results_json_has_every_scheme_protocol_and_size(run: tuple[Path, dict]) -> None:
+    out, results = run
+    saved = json.loads((out / "results.json").read_text())
+    assert saved == json.loads(json.dumps(results))
+    assert saved["sizes"] == [20, 28, 40] and saved["protocols"] == ["resize", "canvas"] and saved["train_size"] == 28
+    assert list(saved["schemes"]) == ["learned2d", "rope2d", "rope2d+yarn", "rope2d_drope"]
+    for r in saved["schemes"].values():
+        assert set(r["accuracy"]) == {"resize", "canvas"}
+        for acc in r["accuracy"].values():
+            assert set(acc) == {"20", "28", "40"} and all(0.0 <= v <= 100.0 for v in acc.values())
+        # the training size is the same image under both protocols
+        assert r["accuracy"]["resize"]["28"] == r["accuracy"]["canvas"]["28"]
+    assert saved["schemes"]["rope2d+yarn"]["train"] is None and saved["schemes"]["rope2d+yarn"]["base"] == "rope2d"
+    assert len(saved["schemes"]["rope2d"]["train"]["history"]) == 2
+
+
+def test_eval_only_variant_shares_training_and_differs_only_beyond_it(run: tuple[Path, dict]) -> None:
+    _, results = run
+    plain, yarn = results["schemes"]["rope2d"]["accuracy"], results["schemes"]["rope2d+yarn"]["accuracy"]
+    for protocol in ("resize", "canvas"):
+        assert yarn[protocol]["28"] == plain[protocol]["28"] and yarn[protocol]["20"] == plain[protocol]["20"]
+    assert not (Path(run[0]) / "rope2d+yarn" / "checkpoint.pt").exists()
+
+
+def test_results_md_png_and_csv(run: tuple[Path, dict]) -> None:
+    out, results = run
+    md = (out / "results.md").read_text()
+    assert md.count("Top-1 accuracy (%):") == 2 and md.count("Change from the training resolution") == 2
+    assert "### resize" in md and "### canvas" in md and "28 px (1x, train)" in md
+    rows = [ln for ln in md.splitlines() if ln.startswith("| rope2d+yarn |")]
+    assert len(rows) == 4  # accuracy and change, per protocol
+    acc = results["schemes"]["learned2d"]["accuracy"]["canvas"]
+    assert f"| learned2d | {acc['20']:.1f} | {acc['28']:.1f} | {acc['40']:.1f} |" in md
+    with Image.open(out / "accuracy.png") as img:
+        assert img.format == "PNG" and img.size[0] > 1.8 * img.size[1]  # two panels side by side
+    with open(out / "rope2d" / "log.csv") as f:
+        log = list(csv.DictReader(f))
+    assert [r["epoch"] for r in log] == ["1", "2"] and all(float(r["train_loss"]) > 0 for r in log)
+    assert {"train_loss", "train_acc", "val_acc", "lr"} <= set(log[0])
+    with open(out / "rope2d_drope" / "log.csv") as f:
+        assert [r["drope"] for r in csv.DictReader(f)] == ["False", "True"]
+
+
+def test_drope_model_is_evaluated_without_positions(run: tuple[Path, dict]) -> None:
+    out, results = run
+    ck = torch.load(out / "rope2d_drope" / "checkpoint.pt", weights_only=True)
+    assert [r["drope"] for r in ck["history"]] == [False, True]  # 40% of 10 steps: epoch 2 without positions
+    # re-evaluating the checkpoint (which switches positions off) reproduces the run's numbers exactly
+    args = ["--checkpoint", str(out / "rope2d_drope" / "checkpoint.pt"), "--sizes", "20", "28", "40", "--quiet",
+            "--out", str(out / "re.json")]
+    assert evaluate_main(args) == 0
+    again = json.loads((out / "re.json").read_text())["accuracy"]["rope2d_drope"]
+    assert again == results["schemes"]["rope2d_drope"]["accuracy"]
+
+
+def test_evaluate_entry_point_reproduces_and_extends(run: tuple[Path, dict], capsys: pytest.CaptureFixture) -> None:
+    out, results = run
+    args = ["--checkpoint", str(out / "rope2d" / "checkpoint.pt"), "--sizes", "28", "40", "56", "--quiet",
+            "--scaling", "yarn", "--out", str(out / "yarn.json")]
+    assert evaluate_main(args) == 0
+    printed = capsys.readouterr().out
+    assert "| rope2d+yarn |" in printed and "56 px (2x)" in printed
+    acc = json.loads((out / "yarn.json").read_text())["accuracy"]["rope2d+yarn"]
+    for protocol in ("resize", "canvas"):
+        assert acc[protocol]["40"] == results["schemes"]["rope2d+yarn"]["accuracy"][protocol]["40"]
+        assert "56" in acc[protocol]
+
+
+def test_variant_really_switches_scaling_on(run: tuple[Path, dict]) -> None:
+    from train.config import SchemeConfig
+    from train.models import build_model, configure_eval
+
+    out, _ = run
+    cfg = tiny_config(out, schemes=SCHEMES, model={"embed_dim": 48, "num_heads": 3})
+    model = build_model(cfg, cfg.scheme("rope2d"), num_classes=10, in_chans=1)
+    model.load_state_dict(torch.load(out / "rope2d" / "checkpoint.pt", weights_only=True)["model"])
+    model.eval()
+    x = torch.randn(2, 1, 56, 56)
+    before = model(x)
+    configure_eval(model, SchemeConfig(name="v", base="rope2d", scaling="yarn"), (7, 7))
+    assert model.vispos_cfg["scaling"]["scaling"] == "yarn"
+    assert not torch.allclose(before, model(x))
+    vispos.configure(model, scaling=None)
+    torch.testing.assert_close(before, model(x))
+
+
+def test_rerun_reuses_finished_work(run: tuple[Path, dict], tmp_path: Path) -> None:
+    out, results = run
+    cfg_path = tmp_path / "c.yaml"
+    import yaml
+
+    cfg_path.write_text(yaml.safe_dump(json.loads((out / "results.json").read_text())["config"]))
+    before = (out / "rope2d" / "checkpoint.pt").stat().st_mtime_ns
+    assert train_main(["--config", str(cfg_path), "--quiet"]) == 0
+    assert (out / "rope2d" / "checkpoint.pt").stat().st_mtime_ns == before  # nothing retrained
+    assert json.loads((out / "results.json").read_text())["schemes"]["rope2d"]["accuracy"] == \
+        results["schemes"]["rope2d"]["accuracy"]
+    assert f"Made by `python -m train --config {cfg_path} --quiet`" in (out / "results.md").read_text()
+
+
+def test_folder_dataset_run_with_randaugment_and_mixup(tmp_path: Path) -> None:
+    from train.testing import make_image_folder
+
+    root = make_image_folder(tmp_path / "tree", classes=3, per_class=6, size=20)
+    (root / "train" / "class_2" / "img_5.png").write_bytes(b"broken")
+    cfg = tiny_config(
+        tmp_path / "run", schemes=["alibi2d", "learned2d+rope2d"],
+        data={"dataset": "folder", "root": str(root), "img_size": 16, "augment": "crop_flip",
+              "auto_augment": "rand-m9-mstd0.5", "train_per_class": None, "val_per_class": None},
+        model={"embed_dim": 32, "num_heads": 2},
+        train={"epochs": 2, "batch_size": 6, "mixup": 0.8, "cutmix": 1.0, "label_smoothing": 0.1,
+               "checkpoint_every": 0},
+        eval={"sizes": [12, 16, 24], "canvas_position": "random"},
+    )
+    results = run_experiment(cfg)
+    assert results["sizes"] == [12, 16, 24] and results["eval_images"] == 18
+    for name in ("alibi2d", "learned2d+rope2d"):
+        r = results["schemes"][name]
+        assert r["train"]["skipped_images"] == 2  # the broken file, once per epoch
+        assert all(0.0 <= v <= 100.0 for acc in r["accuracy"].values() for v in acc.values())
+    assert results["schemes"]["learned2d+rope2d"]["pos"] == ["learned2d", "rope2d"]
+    assert (tmp_path / "run" / "alibi2d" / "log.csv").read_text().count("\n") == 3

@@ -1,0 +1,74 @@
+"""Robustness: exact resume after a mid-epoch stop, atomic weights-only checkpoints, NaN guard."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from train.engine import NonFiniteLossError, StopRequested
+from train.experiment import run_experiment
+from train.testing import tiny_config
+
+# 200 images / batch 40 = 5 steps per epoch, 2 epochs; checkpoints every 2 steps and at epoch ends
+SCHEMES = ["rope2d", {"name": "learned2d_drope", "pos": "learned2d", "drope": 0.3}]
+MODEL = {"drop_path_rate": 0.1}  # randomness inside the step must also replay exactly
+
+
+def _state(run: Path, scheme: str) -> dict:
+    return torch.load(run / scheme / "checkpoint.pt", weights_only=True)
+
+
+def test_resume_after_a_mid_epoch_stop_matches_an_uninterrupted_run(tmp_path: Path) -> None:
+    ref = run_experiment(tiny_config(tmp_path / "ref", schemes=SCHEMES, model=MODEL))
+    cfg = tiny_config(tmp_path / "cut", schemes=SCHEMES, model=MODEL, debug={"stop_after_steps": 7})
+    with pytest.raises(StopRequested):
+        run_experiment(cfg)  # stops in epoch 2 at step 7; the last checkpoint is at step 6
+    ck = _state(tmp_path / "cut", "rope2d")
+    assert ck["position"] == {"epoch": 1, "step": 1, "global_step": 6} and not ck["finished"]
+    assert len(ck["history"]) == 1 and ck["epoch_sums"][2] == 40.0
+    got = run_experiment(tiny_config(tmp_path / "cut", schemes=SCHEMES, model=MODEL))
+    for name in ("rope2d", "learned2d_drope"):
+        assert got["schemes"][name]["accuracy"] == ref["schemes"][name]["accuracy"]
+        a, b = _state(tmp_path / "ref", name), _state(tmp_path / "cut", name)
+        assert a["model"].keys() == b["model"].keys()
+        assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+        for ra, rb in zip(a["history"], b["history"], strict=True):
+            assert (ra["train_loss"], ra["train_acc"], ra["val_acc"]) == (rb["train_loss"], rb["train_acc"],
+                                                                          rb["val_acc"])
+    # the second scheme was interrupted before it started, the first one resumed mid-epoch
+    assert (tmp_path / "cut" / "rope2d" / "log.csv").read_text().count("\n") == 3
+
+
+def test_checkpoint_is_weights_only_and_complete(tmp_path: Path) -> None:
+    run_experiment(tiny_config(tmp_path, train={"epochs": 1}))
+    ck = torch.load(tmp_path / "rope2d" / "checkpoint.pt", weights_only=True)
+    assert {"model", "optimizer", "scheduler", "rng", "position", "config", "fingerprint"} <= set(ck)
+    assert isinstance(ck["rng"]["torch"], torch.Tensor) and isinstance(ck["rng"]["python"], torch.Tensor)
+    assert ck["finished"] and ck["position"]["global_step"] == 5 and ck["scheduler"]["last_epoch"] == 5
+    assert not [p for p in (tmp_path / "rope2d").iterdir() if p.name.endswith(".tmp")]
+
+
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path: Path) -> None:
+    cfg = tiny_config(tmp_path, debug={"nan_at_step": 5})
+    with pytest.raises(NonFiniteLossError, match=r"loss became nan at epoch 2, step 0.*last good checkpoint is kept"):
+        run_experiment(cfg)
+    ck = _state(tmp_path, "rope2d")
+    assert ck["position"]["global_step"] == 5 and all(torch.isfinite(v).all() for v in ck["model"].values())
+    assert not (tmp_path / "results.json").exists()
+    # the kept checkpoint resumes once the cause is gone
+    out = run_experiment(tiny_config(tmp_path))
+    assert out["schemes"]["rope2d"]["train"]["epochs"] == 2
+
+
+def test_changed_config_refuses_to_resume(tmp_path: Path) -> None:
+    with pytest.raises(StopRequested):
+        run_experiment(tiny_config(tmp_path, debug={"stop_after_steps": 3}))
+    from train.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"different config \(differs in: train\.lr\)"):
+        run_experiment(tiny_config(tmp_path, train={"lr": 1e-3}))
+    fresh = run_experiment(tiny_config(tmp_path, train={"lr": 1e-3}, resume=False))
+    assert json.loads((tmp_path / "results.json").read_text())["schemes"].keys() == fresh["schemes"].keys()

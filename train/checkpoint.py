@@ -1,0 +1,77 @@
+"""Checkpoints: written atomically, loadable with ``torch.load(weights_only=True)``.
+
+A checkpoint holds only tensors and primitive containers: model, optimizer and scheduler state, the
+RNG states (as tensors), the data position (epoch, step within it, global step), the running sums of
+the current epoch, the history of finished epochs, and the config that made it.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+FORMAT = 1
+
+
+def atomic_save(obj: Any, path: Path) -> None:
+    """torch.save to a temporary file in the same folder, fsync, then os.replace onto ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Load a checkpoint safely (weights_only=True); a clear error for a missing or foreign file."""
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"checkpoint {path} does not exist")
+    try:
+        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:
+        raise RuntimeError(f"cannot load checkpoint {path}: {type(e).__name__}: {e}") from None
+    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
+        raise RuntimeError(f"{path} is not a vispos trainer checkpoint (format {FORMAT})")
+    return ckpt
+
+
+def rng_state() -> dict[str, Any]:
+    """Every RNG the trainer touches, as tensors and ints."""
+    py = random.getstate()
+    np_state = np.random.get_state()
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "python_version": int(py[0]),
+        "python": torch.tensor(py[1], dtype=torch.int64),
+        "python_gauss": py[2],
+        "numpy": torch.from_numpy(np_state[1].astype(np.int64)),
+        "numpy_pos": int(np_state[2]),
+        "numpy_has_gauss": int(np_state[3]),
+        "numpy_gauss": float(np_state[4]),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = [s.cpu() for s in torch.cuda.get_rng_state_all()]
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"].cpu())
+    random.setstate((state["python_version"], tuple(int(v) for v in state["python"].tolist()), state["python_gauss"]))
+    np.random.set_state(("MT19937", state["numpy"].numpy().astype(np.uint32), state["numpy_pos"],
+                         state["numpy_has_gauss"], state["numpy_gauss"]))
+    if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(state["cuda"])
