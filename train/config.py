@@ -7,24 +7,17 @@ fields by dotted path (``train.lr=1e-3``, ``eval.sizes=[28,56]``) and are type-c
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-import difflib
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
-import yaml
+from . import schema
+from .schema import ConfigError
 
 SCALINGS: tuple[str, ...] = ("linear", "ntk", "yarn")
 PROTOCOLS: tuple[str, ...] = ("resize", "canvas")
 EVAL_SUFFIXES: tuple[str, ...] = (*SCALINGS, "logn")  # scheme-string suffixes that make an evaluation variant
-
-
-class ConfigError(ValueError):
-    """A config file or override is invalid; the message says what is wrong and what is accepted."""
 
 
 @dataclass
@@ -166,83 +159,6 @@ class ExperimentConfig:
 # strict conversion from plain data
 
 
-def _type_name(tp: Any) -> str:
-    origin = typing.get_origin(tp)
-    if origin is Literal:
-        return " | ".join(repr(a) for a in typing.get_args(tp))
-    if origin in (Union, types.UnionType):
-        return " | ".join(_type_name(a) for a in typing.get_args(tp))
-    if origin is list:
-        return f"list of {_type_name(typing.get_args(tp)[0])}"
-    if origin is dict:
-        return "mapping"
-    if tp is type(None):
-        return "null"
-    if dataclasses.is_dataclass(tp):
-        return "mapping"
-    return getattr(tp, "__name__", str(tp))
-
-
-def _convert(value: Any, tp: Any, where: str) -> Any:
-    """Check ``value`` against type ``tp`` and return it in that type (dataclasses built recursively)."""
-    origin = typing.get_origin(tp)
-    if tp is Any:
-        return value
-    if origin in (Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for a in args:
-            if a is type(None):
-                continue
-            try:
-                return _convert(value, a, where)
-            except ConfigError as e:
-                errors.append(e)
-        if len(errors) == 1:
-            raise errors[0]
-        raise ConfigError(f"{where}: expected {_type_name(tp)}, got {value!r}")
-    if origin is Literal:
-        choices = typing.get_args(tp)
-        if value not in choices or isinstance(value, bool):
-            raise ConfigError(f"{where}: {value!r} is not accepted; accepted: {', '.join(map(str, choices))}")
-        return value
-    if origin is list:
-        (item_tp,) = typing.get_args(tp)
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{where}: expected a list of {_type_name(item_tp)}, got {value!r}")
-        return [_convert(v, item_tp, f"{where}[{i}]") for i, v in enumerate(value)]
-    if origin is dict:
-        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
-            raise ConfigError(f"{where}: expected a mapping with string keys, got {value!r}")
-        return copy.deepcopy(value)
-    if dataclasses.is_dataclass(tp):
-        return _from_dict(tp, value, where)
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{where}: expected true or false, got {value!r}")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{where}: expected an int, got {value!r}")
-        return value
-    if tp is float:
-        if isinstance(value, str):  # YAML 1.1 reads "1e-3" as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{where}: expected a number, got {value!r}")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{where}: expected a string, got {value!r}")
-        return value
-    raise ConfigError(f"{where}: unsupported type {tp!r}")  # a schema bug, not a user error
-
-
 def _scheme_from_string(text: str, where: str) -> dict[str, Any]:
     """'rope2d', 'learned2d+rope2d', 'rope2d+yarn', 'alibi2d+logn', 'rope2d+yarn+logn'."""
     parts = [p.strip() for p in text.split("+")]
@@ -262,33 +178,16 @@ def _scheme_from_string(text: str, where: str) -> dict[str, Any]:
     return {"name": text, "base": "+".join(parts), "scaling": scaling, "log_n_attention": log_n}
 
 
-def _from_dict(cls: type, data: Any, where: str) -> Any:
-    if cls is SchemeConfig and isinstance(data, str):
+def _scheme_hook(data: Any, where: str) -> Any:
+    """SchemeConfig's short forms: a string, or ``pos`` written as 'a+b'."""
+    if isinstance(data, str):
         data = _scheme_from_string(data, where)
-    if cls is SchemeConfig and isinstance(data, dict) and isinstance(data.get("pos"), str):
+    if isinstance(data, dict) and isinstance(data.get("pos"), str):
         data = {**data, "pos": [p.strip() for p in data["pos"].split("+")]}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{where or 'config'}: expected a mapping, got {data!r}")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
-    unknown = [k for k in data if k not in fields]
-    if unknown:
-        k = unknown[0]
-        close = difflib.get_close_matches(str(k), fields, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        prefix = f"{where}." if where else ""
-        raise ConfigError(
-            f"unknown config key {prefix}{k}{hint}; accepted keys{' in ' + where if where else ''}: "
-            f"{', '.join(fields)}"
-        )
-    kwargs = {}
-    for name, f in fields.items():
-        key = f"{where}.{name}" if where else name
-        if name in data:
-            kwargs[name] = _convert(data[name], hints[name], key)
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise ConfigError(f"missing required config key {key}")
-    return cls(**kwargs)
+    return data
+
+
+HOOKS = {SchemeConfig: _scheme_hook}
 
 
 def to_dict(cfg: Any) -> Any:
@@ -326,8 +225,12 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
         if s.scaling_options and s.scaling is None:
             raise ConfigError(f"{where}: scaling_options given without scaling ({', '.join(SCALINGS)})")
     t, d, e = cfg.train, cfg.data, cfg.eval
-    for key, val in (("train.epochs", t.epochs), ("train.batch_size", t.batch_size), ("data.img_size", d.img_size),
-                     ("eval.batch_size", e.batch_size)):
+    for key, val in (
+        ("train.epochs", t.epochs),
+        ("train.batch_size", t.batch_size),
+        ("data.img_size", d.img_size),
+        ("eval.batch_size", e.batch_size),
+    ):
         if val < 1:
             raise ConfigError(f"{key} must be >= 1, got {val}")
     if t.checkpoint_every < 0:
@@ -342,8 +245,12 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
         raise ConfigError("data.root: a folder dataset needs the folder holding train/ and val/")
     if d.classes is not None and d.class_file is not None:
         raise ConfigError("data: give classes or class_file, not both")
-    for key, val in (("data.num_classes", d.num_classes), ("data.train_per_class", d.train_per_class),
-                     ("data.val_per_class", d.val_per_class), ("eval.max_images", e.max_images)):
+    for key, val in (
+        ("data.num_classes", d.num_classes),
+        ("data.train_per_class", d.train_per_class),
+        ("data.val_per_class", d.val_per_class),
+        ("eval.max_images", e.max_images),
+    ):
         if val is not None and val < 1:
             raise ConfigError(f"{key} must be >= 1 or null, got {val}")
     if d.auto_augment is not None and d.dataset != "folder":
@@ -359,74 +266,16 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
 # loading and overrides
 
 
-def _field_type(path: list[str]) -> Any:
-    tp: Any = ExperimentConfig
-    for i, part in enumerate(path):
-        if not dataclasses.is_dataclass(tp):
-            raise ConfigError(f"override {'.'.join(path)}: {'.'.join(path[:i])} has no sub-keys")
-        hints = typing.get_type_hints(tp)
-        if part not in hints:
-            where = ".".join(path[:i]) or "the top level"
-            close = difflib.get_close_matches(part, hints, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(
-                f"unknown config key {'.'.join(path)}{hint}; accepted keys in {where}: {', '.join(hints)}"
-            )
-        tp = hints[part]
-    return tp
-
-
-def _parse_override_value(raw: str, tp: Any) -> Any:
-    """A CLI value: strings stay strings for str fields, everything else is read as YAML."""
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp) if origin in (Union, types.UnionType) else (tp,)
-    if raw.lower() in ("null", "none", "~") and type(None) in args:
-        return None
-    if str in args:
-        return raw
-    value = yaml.safe_load(raw) if raw else None
-    return value
-
-
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply ``a.b=value`` strings to raw config data (type checks happen when the schema is filled)."""
-    data = copy.deepcopy(data)
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"override {item!r}: write key=value, e.g. train.lr=1e-3")
-        key, raw = item.split("=", 1)
-        path = key.strip().split(".")
-        tp = _field_type(path)
-        value = _parse_override_value(raw.strip(), tp)
-        try:
-            _convert(value, tp, key)
-        except ConfigError as e:
-            raise ConfigError(f"override {item!r}: {e}") from None
-        node = data
-        for part in path[:-1]:
-            child = node.get(part)
-            if child is None:
-                child = node[part] = {}
-            node = child
-        node[path[-1]] = value
-    return data
+    """Apply ``a.b=value`` strings to raw config data, type-checked against the schema."""
+    return schema.apply_overrides(ExperimentConfig, data, overrides, HOOKS)
 
 
 def config_from_dict(data: Any) -> ExperimentConfig:
     """Fill and validate the schema from plain data."""
-    return validate(_from_dict(ExperimentConfig, data, ""))
+    return validate(schema.from_dict(ExperimentConfig, data, "", HOOKS))
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
     """Read a YAML config, apply ``key=value`` overrides, validate strictly."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping of config keys")
-    data = apply_overrides(data, overrides or [])
-    return config_from_dict(data)
+    return config_from_dict(apply_overrides(schema.read_yaml(path), overrides or []))

@@ -8,27 +8,19 @@ out-of-range rule).
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-import difflib
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Union
-
-import yaml
+from typing import Any, Literal
 
 import vispos
 import vispos.registry
+from train import schema
+from train.schema import ConfigError
 
 TASKS: tuple[str, ...] = ("passkey", "copy", "reverse", "recall")
 SCALINGS: tuple[str, ...] = ("linear", "ntk", "dynamic_ntk", "yarn", "longrope")
 OUT_OF_RANGE: tuple[str, ...] = ("error", "clamp", "interpolate")
-
-
-class ConfigError(ValueError):
-    """A config file or override is invalid; the message says what is wrong and what is accepted."""
 
 
 @dataclass
@@ -151,54 +143,6 @@ class BenchConfig:
 # strict conversion from plain data
 
 
-def _convert(value: Any, tp: Any, where: str) -> Any:
-    origin = typing.get_origin(tp)
-    if tp is Any:
-        return copy.deepcopy(value)
-    if origin in (Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for a in (a for a in args if a is not type(None)):
-            try:
-                return _convert(value, a, where)
-            except ConfigError as e:
-                errors.append(str(e))
-        raise ConfigError(errors[0] if len(errors) == 1 else f"{where}: {value!r} matches none of the accepted types")
-    if origin is Literal:
-        if isinstance(value, bool) or value not in typing.get_args(tp):
-            raise ConfigError(
-                f"{where}: {value!r} is not accepted; accepted: {', '.join(map(str, typing.get_args(tp)))}"
-            )
-        return value
-    if origin is list:
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{where}: expected a list, got {value!r}")
-        return [_convert(v, typing.get_args(tp)[0], f"{where}[{i}]") for i, v in enumerate(value)]
-    if origin is dict:
-        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
-            raise ConfigError(f"{where}: expected a mapping with string keys, got {value!r}")
-        return copy.deepcopy(value)
-    if dataclasses.is_dataclass(tp):
-        return _from_dict(tp, value, where)
-    if tp is bool and isinstance(value, bool):
-        return value
-    if tp is int and isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if tp is float:
-        if isinstance(value, str):  # YAML 1.1 reads "1e-3" as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-    if tp is str and isinstance(value, str):
-        return value
-    raise ConfigError(f"{where}: expected {getattr(tp, '__name__', tp)}, got {value!r}")
-
-
 def _scheme_from_string(text: str) -> dict[str, Any]:
     base, _, variant = (p.strip() for p in text.partition("+"))
     if not variant:
@@ -213,28 +157,8 @@ def _scheme_from_string(text: str) -> dict[str, Any]:
     )
 
 
-def _from_dict(cls: type, data: Any, where: str) -> Any:
-    if cls is SchemeConfig and isinstance(data, str):
-        data = _scheme_from_string(data)
-    if not isinstance(data, dict):
-        raise ConfigError(f"{where or 'config'}: expected a mapping, got {data!r}")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    for key in data:
-        if key not in fields:
-            close = difflib.get_close_matches(str(key), fields, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(
-                f"unknown config key {where + '.' if where else ''}{key}{hint}; accepted: {', '.join(fields)}"
-            )
-    kwargs = {}
-    for name, f in fields.items():
-        key = f"{where}.{name}" if where else name
-        if name in data:
-            kwargs[name] = _convert(data[name], hints[name], key)
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise ConfigError(f"missing required config key {key}")
-    return cls(**kwargs)
+def _scheme_hook(data: Any, where: str) -> Any:
+    return _scheme_from_string(data) if isinstance(data, str) else data
 
 
 def validate(cfg: BenchConfig) -> BenchConfig:
@@ -306,49 +230,18 @@ def validate(cfg: BenchConfig) -> BenchConfig:
     return cfg
 
 
-def _field_type(path: list[str]) -> Any:
-    tp: Any = BenchConfig
-    for i, part in enumerate(path):
-        hints = typing.get_type_hints(tp) if dataclasses.is_dataclass(tp) else {}
-        if part not in hints:
-            where = ".".join(path[:i]) or "the top level"
-            raise ConfigError(f"unknown config key {'.'.join(path)}; accepted in {where}: {', '.join(hints) or '-'}")
-        tp = hints[part]
-    return tp
-
-
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """``a.b=value`` strings onto raw config data; values are read as YAML (strings stay strings)."""
-    data = copy.deepcopy(data)
-    for item in overrides:
-        key, sep, raw = item.partition("=")
-        if not sep:
-            raise ConfigError(f"override {item!r}: write key=value, e.g. train.steps=500")
-        path = key.strip().split(".")
-        tp = _field_type(path)
-        value = raw if tp is str else yaml.safe_load(raw)
-        node = data
-        for part in path[:-1]:
-            if not isinstance(node.get(part), dict):
-                node[part] = {}
-            node = node[part]
-        node[path[-1]] = value
-    return data
+    """``a.b=value`` strings onto raw config data, type-checked against the schema."""
+    return schema.apply_overrides(BenchConfig, data, overrides, {SchemeConfig: _scheme_hook})
 
 
 def config_from_dict(data: Any) -> BenchConfig:
-    return validate(_from_dict(BenchConfig, data, ""))
+    return validate(schema.from_dict(BenchConfig, data, "", {SchemeConfig: _scheme_hook}))
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> BenchConfig:
     """Read a YAML config, apply overrides, validate."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist")
-    data = yaml.safe_load(path.read_text())
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping of config keys")
-    return config_from_dict(apply_overrides(data, overrides or []))
+    return config_from_dict(apply_overrides(schema.read_yaml(path), overrides or []))
 
 
 def to_dict(cfg: BenchConfig) -> dict[str, Any]:
