@@ -8,10 +8,12 @@ Masks follow SDPA: a bool mask is True where attention is allowed; a float mask 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from .encodings.rope import Rotary
 from .encodings.shaw import ShawTables
 
 
@@ -92,6 +94,15 @@ def shaw_attention(
     return probs @ v + buckets @ tables.value_table.to(q.dtype)
 
 
+@dataclass
+class PositionContext:
+    """Per-layer positional tensors for one forward pass at one grid (prefix tokens included)."""
+
+    rotary: tuple[Rotary | None, ...]  # cos/sin [N, d] or [heads, N, d]
+    masks: tuple[torch.Tensor | None, ...]  # additive [heads, N, N] or the user's mask
+    logit_scale: float = 1.0  # extra temperature on every logit (log-n attention scaling)
+
+
 class PatchedAttention(torch.nn.Module):
     """Drop-in for timm's ``Attention``, ``AttentionRope`` and ``EvaAttention`` that applies vispos's positions.
 
@@ -145,8 +156,6 @@ class PatchedAttention(torch.nn.Module):
         is_causal: bool = False,
         rope: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        from .patch import PositionContext  # noqa: PLC0415  (patch imports this module)
-
         if rope is not None:
             raise ValueError("a vispos-patched attention takes its positions from vispos, not from rope=")
         b, n, _ = x.shape

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 import types
-from dataclasses import dataclass
 from typing import Any
 
 import timm
@@ -30,21 +29,11 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ._validate import check_grid
-from .attention import PatchedAttention, as_float_mask
-from .encodings.rope import Rotary
+from .attention import PatchedAttention, PositionContext, as_float_mask
 from .registry import SchemeInfo, accepted_options, create_encoding, get_info
 
 SUPPORTED_MODELS: tuple[type, ...] = (VisionTransformer, Eva)
 SUPPORTED_ATTENTION: tuple[type, ...] = (TimmAttention, AttentionRope, EvaAttention)
-
-
-@dataclass
-class PositionContext:
-    """Per-layer positional tensors for one forward pass at one grid (prefix tokens included)."""
-
-    rotary: tuple[Rotary | None, ...]  # cos/sin [N, d] or [heads, N, d]
-    masks: tuple[torch.Tensor | None, ...]  # additive [heads, N, N] or the user's mask
-    logit_scale: float = 1.0  # extra temperature on every logit (log-n attention scaling)
 
 
 class Positions(nn.Module):
