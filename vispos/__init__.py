@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from . import diagnostics, drope, nn  # noqa: E402  (public submodules)
-from .encodings.rope_scaling import RopeScaling
+from .encodings.rope_scaling import SCALING_TYPES, RopeScaling
 from .patch import configure, create_model, patch, set_position_enabled
 from .registry import SchemeInfo, create_encoding, describe, get_info, list_encodings
 
 __all__ = [
     "RopeScaling",
+    "SCALING_TYPES",
     "SchemeInfo",
     "configure",
     "create_encoding",
