@@ -207,6 +207,33 @@ def test_layer_logits_requires_a_patched_model() -> None:
     assert layer_logits(model, (3, 5), content=torch.randn(32)).shape == (2, 15, 15)  # any grid
 
 
+@pytest.mark.parametrize("log_n", [False, True])
+@pytest.mark.parametrize("scheme", ["rope2d", "alibi2d", ["learned2d", "relbias2d"]])
+def test_layer_logits_equal_the_logits_the_patched_attention_feeds_to_sdpa(
+    scheme: str | list[str], log_n: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The diagnostics and the forward pass share one q/k path, logit scale (log-n) and mask included."""
+    torch.manual_seed(0)
+    model = VisionTransformer(img_size=16, patch_size=4, embed_dim=32, depth=1, num_heads=2, num_classes=0)
+    vispos.patch(model, scheme).eval()
+    vispos.configure(model, log_n_attention=log_n)
+    grid, content = (6, 5), torch.randn(32)  # above the 4x4 training grid: log-n scale 1.29 when on
+    fed = {}
+
+    def recording_sdpa(q, k, v, *, mask=None, scale=None, **_):  # noqa: ANN001, ANN202
+        fed["logits"] = (q @ k.transpose(-2, -1))[0] * scale + (0 if mask is None else mask)
+        return torch.zeros_like(q)
+
+    monkeypatch.setattr("vispos.timm.attention.sdpa", recording_sdpa)
+    with torch.no_grad():  # the block's input is exactly the tokens layer_logits builds (norm=True)
+        model.blocks[0].attn(model.blocks[0].norm1(model.norm_pre(model._pos_embed(
+            torch.zeros(1, *grid, 32) + content))), attn_mask=model.vispos.context(grid, torch.device("cpu")))
+        diagnosed = layer_logits(model, grid, content=content, norm=True)
+    p = model.num_prefix_tokens
+    torch.testing.assert_close(diagnosed, fed["logits"][:, p:, p:], rtol=0, atol=0)
+    assert model.vispos.logit_scale(grid) == (pytest.approx(math.log(30) / math.log(16)) if log_n else 1.0)
+
+
 # --- report and CLI ----------------------------------------------------------------------------------
 
 

@@ -159,7 +159,7 @@ def test_t5_buckets_equal_t5_algorithm(bidirectional: bool, num_buckets: int, ma
 @pytest.mark.parametrize("bidirectional", [True, False])
 def test_t5_bias_looks_up_each_pair_bucket(bidirectional: bool) -> None:
     n = 40
-    module = vispos.create_encoding("t5", num_heads=HEADS, num_buckets=16, max_distance=32, bidirectional=bidirectional)
+    module = vispos.create_encoding("t5", num_heads=HEADS, num_buckets=16, max_distance=32, causal=not bidirectional)
     bias = module(n).detach()
     weight = module.embedding.weight.detach()
     for i in range(n):

@@ -55,7 +55,8 @@ def test_rope2d_logits_depend_only_on_offset(layout: str, coords: str) -> None:
 def test_relative_2d_schemes_depend_only_on_offset(name: str) -> None:
     h, w = 3, 4
     assert vispos.get_info(name).relative
-    options = {"rope2d_mixed": {"dim": HEAD_DIM}, "alibi2d": {}}.get(name, {"grid": (2, 3)})  # relbias/cpb: resized
+    resized = {"train_grid": (2, 3)}  # relbias2d / cpb2d: evaluated away from their training grid
+    options = {"rope2d_mixed": {"dim": HEAD_DIM}, "alibi2d": {}}.get(name, resized)
     module = vispos.create_encoding(name, num_heads=HEADS, **options)
     out = module((h, w))
     logits = (content_logits(out, h, w) if name == "rope2d_mixed" else out).detach()
@@ -203,7 +204,7 @@ def test_swin_relative_index_equals_swin_rule(h: int, w: int) -> None:
 
 def test_relbias2d_reproduces_its_table_at_the_training_grid() -> None:
     h, w = 3, 4
-    module = vispos.create_encoding("relbias2d", num_heads=HEADS, grid=(h, w))
+    module = vispos.create_encoding("relbias2d", num_heads=HEADS, train_grid=(h, w))
     bias = module((h, w)).detach()
     index = swin_relative_index(h, w)
     for head in range(HEADS):
@@ -239,7 +240,7 @@ def test_cpb2d_inputs_are_swinv2_log_spaced_offsets() -> None:
 
 def test_cpb2d_is_sixteen_sigmoid_of_its_mlp_on_the_offsets() -> None:
     h, w = 3, 3
-    module = vispos.create_encoding("cpb2d", num_heads=HEADS, grid=(h, w), hidden=8)
+    module = vispos.create_encoding("cpb2d", num_heads=HEADS, train_grid=(h, w), hidden=8)
     bias = module((h, w)).detach()
     inputs = log_spaced_offsets((h, w), (h, w))
     index = swin_relative_index(h, w)
@@ -255,7 +256,7 @@ def test_cpb2d_is_sixteen_sigmoid_of_its_mlp_on_the_offsets() -> None:
 @pytest.mark.parametrize("factorized", [False, True])
 def test_learned2d_reproduces_its_table_at_the_training_grid(factorized: bool) -> None:
     h, w, d = 3, 4, 8
-    module = vispos.create_encoding("learned2d", dim=d, grid=(h, w), factorized=factorized)
+    module = vispos.create_encoding("learned2d", dim=d, train_grid=(h, w), factorized=factorized)
     table = module.row[:, None] + module.col[None] if factorized else module.table
     torch.testing.assert_close(module((h, w)), table.reshape(h * w, d), atol=0, rtol=0)
     assert torch.equal(resample_table_2d(table, (h, w)), table)
@@ -264,7 +265,7 @@ def test_learned2d_reproduces_its_table_at_the_training_grid(factorized: bool) -
 @pytest.mark.parametrize("new_grid", [(6, 8), (2, 3), (5, 2)])
 def test_learned2d_resampling_matches_timm(new_grid: tuple[int, int]) -> None:
     h, w, d = 4, 5, 8
-    module = vispos.create_encoding("learned2d", dim=d, grid=(h, w))
+    module = vispos.create_encoding("learned2d", dim=d, train_grid=(h, w))
     ours = module(new_grid).detach()
     theirs = timm.layers.resample_abs_pos_embed(
         module.table.detach().reshape(1, h * w, d), list(new_grid), old_size=[h, w], num_prefix_tokens=0
@@ -274,7 +275,7 @@ def test_learned2d_resampling_matches_timm(new_grid: tuple[int, int]) -> None:
 
 def test_learned2d_factorized_resamples_rows_and_columns_like_timm() -> None:
     h, w, d, new = 4, 5, 8, (7, 3)
-    module = vispos.create_encoding("learned2d", dim=d, grid=(h, w), factorized=True)
+    module = vispos.create_encoding("learned2d", dim=d, train_grid=(h, w), factorized=True)
     # the row table resampled as a 1 x H image: timm's own (new, 1) call hits a torch bug on width-1 outputs
     rows = timm.layers.resample_abs_pos_embed(module.row.detach()[None], [1, new[0]], [1, h], num_prefix_tokens=0)[0]
     cols = timm.layers.resample_abs_pos_embed(module.col.detach()[None], [1, new[1]], [1, w], num_prefix_tokens=0)[0]
@@ -289,7 +290,7 @@ def test_width_one_tables_resample_like_their_transpose() -> None:
     )
     bias = torch.randn(5, HEADS)  # relbias table of a (3, 1) grid: offsets dy in -2..2
     torch.testing.assert_close(resize_bias_table(bias, (3, 1), (5, 1)), resize_bias_table(bias, (1, 3), (1, 5)))
-    single = vispos.create_encoding("learned2d", dim=1, grid=(4, 1))  # one channel: the worst case for torch
+    single = vispos.create_encoding("learned2d", dim=1, train_grid=(4, 1))  # one channel: the worst case for torch
     expected = resample_table_2d(single.table.detach().transpose(0, 1), (1, 6)).reshape(6, 1)
     torch.testing.assert_close(single((6, 1)).detach(), expected)
 

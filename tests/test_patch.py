@@ -11,7 +11,7 @@ import torch
 from timm.models.vision_transformer import VisionTransformer
 
 import vispos
-from vispos.attention import PatchedAttention
+from vispos.timm import PatchedAttention
 
 IMG = 64  # 4 x 4 patches of 16 px: small and fast, still a real grid
 
@@ -251,8 +251,14 @@ def test_unknown_option_is_refused_with_the_accepted_ones() -> None:
         make("vit_tiny", "rope2d", thetta=10.0)
 
 
+@pytest.mark.parametrize("scheme, option", [("rope2d", "dim"), ("relbias2d", "num_heads"), ("learned2d", "train_grid")])
+def test_what_the_model_determines_is_not_an_option(scheme: str, option: str) -> None:
+    with pytest.raises(TypeError, match=rf"{option} of {scheme} are set from the model, not by hand; accepted: "):
+        make("vit_tiny", scheme, **{option: 4})
+
+
 def test_configure_needs_rope2d() -> None:
-    with pytest.raises(ValueError, match="applies to rope2d"):
+    with pytest.raises(ValueError, match="applies to rope and rope2d; this model uses alibi2d"):
         vispos.configure(make("vit_tiny", "alibi2d"), scaling="yarn")
 
 
@@ -261,7 +267,7 @@ def test_scaling_temperature_applies_to_prefix_tokens_too() -> None:
     vispos.configure(model, scaling="yarn")
     rotary = model.vispos.context((8, 4), torch.device("cpu")).rotary[0]  # 2x the training height
     expected = (0.1 * math.log(2.0) + 1.0) ** 0.5  # YaRN's factor on y, none on x; shared by q and k
-    assert rotary.attention == pytest.approx(expected)
+    assert rotary.temperature == pytest.approx(expected)
     assert torch.allclose(rotary.cos[0], torch.full_like(rotary.cos[0], expected))
     assert torch.equal(rotary.sin[0], torch.zeros_like(rotary.sin[0]))
 

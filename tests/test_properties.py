@@ -26,7 +26,6 @@ from vispos.diagnostics import (
     separability_error,
     translation_error,
 )
-from vispos.registry import accepted_options
 
 GRID = (5, 7)  # not square: a row/column mix-up cannot hide
 EMBED, HEADS, HEAD_DIM, PATCH = 64, 4, 16, 4
@@ -49,10 +48,10 @@ def randomize_(module: nn.Module, seed: int) -> nn.Module:
 
 
 def encoding(name: str, ndim: int, seed: int, **options: object) -> nn.Module:
-    auto = {"dim": HEAD_DIM if name not in ("sincos1d", "learned1d", "sincos2d", "learned2d") else EMBED}
-    auto |= {"num_heads": HEADS, "grid": GRID}
-    accepted = accepted_options(name, ndim)
-    enc = vispos.create_encoding(name, ndim=ndim, **{k: v for k, v in auto.items() if k in accepted} | options)
+    info = vispos.get_info(name, ndim)
+    context = {"dim": EMBED if info.kind == "additive" else HEAD_DIM, "num_heads": HEADS, "train_grid": GRID}
+    context |= {"num_prefix_tokens": 0, "causal": False}
+    enc = vispos.create_encoding(name, ndim=ndim, **{k: context[k] for k in info.context} | options)
     return randomize_(enc, seed)
 
 
@@ -116,7 +115,7 @@ def test_relative_2d_scheme_in_patched_vit_is_translation_invariant(name: str, s
         ("xpos", {}),
         ("xpos", {"scale_base": 8.0, "layout": "interleaved"}),
         ("t5", {"num_buckets": 8, "max_distance": 6}),
-        ("t5", {"bidirectional": False}),
+        ("t5", {"causal": True}),
         ("alibi", {}),
         ("alibi", {"num_heads": 6}),
         ("alibi", {"causal": True}),

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import copy
+import inspect
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import timm
 import torch
 
 import vispos
 from vispos.encodings.rope import Rotary
 from vispos.encodings.shaw import ShawTables
-from vispos.registry import accepted_options
+from vispos.registry import _REGISTRY, CONTEXT, register
 
 GRID = (3, 4)
 HEADS = 2
@@ -23,10 +25,10 @@ SCHEMES_1D = vispos.list_encodings(ndim=1)
 
 
 def build(name: str, ndim: int = 2, **extra: object) -> torch.nn.Module:
-    """The scheme with small defaults for whichever of dim / num_heads / grid it takes."""
-    defaults = {"dim": DIM, "num_heads": HEADS, "grid": GRID}
-    options = {k: v for k, v in defaults.items() if k in accepted_options(name, ndim)} | extra
-    return vispos.create_encoding(name, ndim=ndim, **options)
+    """The scheme with small values for the context it declares (dim, num_heads, train_grid...)."""
+    context = {"dim": DIM, "num_heads": HEADS, "train_grid": GRID, "num_prefix_tokens": 0, "causal": False}
+    info = vispos.get_info(name, ndim)
+    return vispos.create_encoding(name, ndim=ndim, **{k: context[k] for k in info.context} | extra)
 
 
 def qk(n: int, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
@@ -134,14 +136,18 @@ def test_2d_bf16_module_agrees_with_fp32(name: str) -> None:
         torch.testing.assert_close(out.float(), ref, atol=tol, rtol=2e-2)
 
 
-def test_rope2d_mixed_frequencies_stay_fp32_after_cast() -> None:
-    module = vispos.create_encoding("rope2d_mixed", dim=DIM, num_heads=HEADS)
-    freqs = module.freqs.detach().clone()
-    module.to(torch.bfloat16)
-    assert module.freqs.dtype == torch.float32
-    torch.testing.assert_close(module.freqs.detach(), freqs, rtol=0, atol=0)  # not rounded through bf16
-    module.half()
-    assert module.freqs.dtype == torch.float32
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_rope2d_mixed_angles_are_fp32_after_cast(dtype: torch.dtype) -> None:
+    """A cast model stores its frequencies in the cast dtype (like every weight; no private hooks), but the
+    angles are still computed in fp32: equal to an fp32 module holding the same (rounded) frequencies."""
+    module = vispos.create_encoding("rope2d_mixed", dim=DIM, num_heads=HEADS).to(dtype)
+    reference = vispos.create_encoding("rope2d_mixed", dim=DIM, num_heads=HEADS)
+    with torch.no_grad():
+        reference.freqs.copy_(module.freqs.float())
+    out, ref = module(GRID), reference(GRID)
+    assert out.cos.dtype == torch.float32 and out.sin.dtype == torch.float32
+    torch.testing.assert_close(out.cos, ref.cos, rtol=0, atol=0)
+    torch.testing.assert_close(out.sin, ref.sin, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("name", ["rope", "xpos"])
@@ -173,6 +179,51 @@ def test_1d_output_shape_finite(name: str) -> None:
         q, k = qk(5)
         rq, rk = out.rotate(q, k)
         assert rq.shape == q.shape and rq.isfinite().all() and rk.isfinite().all()
+
+
+@pytest.mark.parametrize("name, ndim", [(n, 2) for n in SCHEMES_2D] + [(n, 1) for n in SCHEMES_1D])
+def test_every_scheme_declares_its_context_and_takes_keyword_options(name: str, ndim: int) -> None:
+    """The registration contract: keyword-only arguments; the host fills the declared context, every
+    other argument is a user option with a default."""
+    info = vispos.get_info(name, ndim)
+    params = inspect.signature(info.builder).parameters.values()
+    assert all(p.kind == p.KEYWORD_ONLY for p in params), name
+    assert set(info.context) <= set(CONTEXT)
+    assert all(p.default is not p.empty for p in params if p.name not in info.context), name
+    assert set(info.options).isdisjoint(info.context)
+
+
+@pytest.fixture
+def throwaway_scheme():
+    """A scheme written the way a newcomer would (one class, one decorator), removed afterwards."""
+
+    @register(
+        "halfgrid2d", ndim=2, kind="bias", acts_on="attention logits", trainable=False, relative=True,
+        extrapolation="any grid", summary="test: -strength * |dx| on every head", context=("num_heads",),
+    )
+    class HalfGrid(torch.nn.Module):
+        def __init__(self, *, num_heads: int, strength: float = 1.0) -> None:
+            super().__init__()
+            self.num_heads, self.strength = num_heads, strength
+
+        def forward(self, grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
+            x = torch.arange(grid[1], device=device).repeat(grid[0]).float()  # [HW], row-major
+            return (-self.strength * (x[:, None] - x[None]).abs()).expand(self.num_heads, -1, -1)
+
+    yield "halfgrid2d"
+    del _REGISTRY["halfgrid2d"]
+
+
+def test_a_registered_scheme_reaches_every_host_with_its_context(throwaway_scheme: str) -> None:
+    assert throwaway_scheme in vispos.list_encodings(2) and throwaway_scheme in vispos.describe(2)
+    model = timm.create_model("vit_tiny_patch16_224", img_size=64, depth=1, num_classes=3)
+    vispos.patch(model, throwaway_scheme, strength=0.5)
+    assert model.vispos.attention.num_heads == 3 and model.vispos.attention.strength == 0.5
+    mask = model.vispos.context((2, 3), torch.device("cpu")).masks[0]  # cls token first: zero row/column
+    assert mask.shape == (3, 7, 7) and mask[:, 0].abs().sum() == 0 and mask[0, 1, 3] == -1.0
+    refusal = r"num_heads of halfgrid2d are set from the model, not by hand; accepted: strength$"
+    with pytest.raises(TypeError, match=refusal):
+        vispos.patch(timm.create_model("vit_tiny_patch16_224", img_size=64, depth=1), throwaway_scheme, num_heads=2)
 
 
 # --- bad input -------------------------------------------------------------------------------------------
@@ -214,10 +265,10 @@ def test_zero_size_grid_is_refused(name: str, grid: tuple[int, int]) -> None:
         ("rope2d", {"coords": "pixels"}, ValueError, r"accepted: pixel, normalized"),
         ("rope2d", {"dim": 16.0}, TypeError, r"dim \(head dimension\) must be an int"),
         ("learned2d", {"factorized": "yes"}, TypeError, r"factorized must be a bool"),
-        ("learned2d", {"grid": (3.0, 4)}, TypeError, r"grid height must be an int"),
-        ("learned2d", {"grid": 14}, TypeError, r"grid must be a pair \(H, W\)"),
+        ("learned2d", {"train_grid": (3.0, 4)}, TypeError, r"train_grid height must be an int"),
+        ("learned2d", {"train_grid": 14}, TypeError, r"train_grid must be a pair \(H, W\)"),
         ("relbias2d", {"num_heads": "2"}, TypeError, r"num_heads must be an int"),
-        ("relbias2d", {"grid": (0, 4)}, ValueError, r"positive size"),
+        ("relbias2d", {"train_grid": (0, 4)}, ValueError, r"positive size"),
         ("cpb2d", {"max_bias": -1.0}, ValueError, r"max_bias must be > 0"),
         ("sincos2d", {"dim": 18}, ValueError, r"divisible by 4"),
         ("alibi2d", {"num_heads": 0}, ValueError, r"num_heads must be >= 1"),

@@ -189,10 +189,12 @@ def test_rope2d_scaling_needs_train_grid_and_pixel_coords() -> None:
         )
 
 
-def test_rope_scaling_switched_after_training_is_validated_on_assignment() -> None:
+def test_rope_scaling_switched_after_training_is_validated() -> None:
     rope = vispos.create_encoding("rope", ndim=1, dim=16)
     with pytest.raises(ValueError, match="dim / 2 = 8"):
-        rope.scaling = vispos.RopeScaling("longrope", original_length=8, long_factors=(1.0,) * 3)
-    rope.scaling = {"type": "yarn", "factor": 2.0, "original_length": 8}
+        rope.set_scaling(vispos.RopeScaling("longrope", original_length=8, long_factors=(1.0,) * 3))
+    rope.set_scaling({"type": "yarn", "factor": 2.0, "original_length": 8})
     assert isinstance(rope.scaling, vispos.RopeScaling) and rope.scaling.type == "yarn"
-    assert rope(torch.arange(16)).attention == pytest.approx(0.1 * math.log(2.0) + 1.0)
+    assert rope(torch.arange(16)).temperature == pytest.approx(0.1 * math.log(2.0) + 1.0)
+    with pytest.raises(AttributeError):  # one way to switch it: set_scaling (or vispos.configure)
+        rope.scaling = None

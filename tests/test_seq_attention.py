@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import vispos
-from vispos.nn import Attention
+from vispos.layers import Attention
 
 DIM, HEADS, N = 32, 4, 10
 ATTENTION_SCHEMES = [n for n in vispos.list_encodings(ndim=1) if vispos.get_info(n, 1).kind != "additive"]
@@ -184,6 +184,42 @@ def test_bf16_attention_stays_bf16_and_close(pos: str) -> None:
         torch.testing.assert_close(out.float(), module(x), atol=5e-2, rtol=5e-2)
 
 
+def test_configure_sets_rope_scaling_on_a_stack_of_attention_layers() -> None:
+    """One scaling API for 1D and 2D: vispos.configure reaches every RoPE of a plain layer stack."""
+    stack = torch.nn.Sequential(make("rope"), make("rope"))
+    reference = torch.nn.Sequential(make("rope", scaling={"type": "yarn", "factor": 4.0, "original_length": N}),
+                                    make("rope", scaling={"type": "yarn", "factor": 4.0, "original_length": N}))
+    reference.load_state_dict(stack.state_dict())
+    x = tokens(n=4 * N)
+    with torch.no_grad():
+        plain = stack(x)
+        assert vispos.configure(stack, scaling="yarn", factor=4.0, original_length=N) is stack
+        assert all(layer.pos.scaling == vispos.RopeScaling("yarn", 4.0, N) for layer in stack)
+        torch.testing.assert_close(stack(x), reference(x), rtol=0, atol=0)
+        assert not torch.allclose(stack(x), plain)
+        vispos.configure(stack, scaling=None)
+        torch.testing.assert_close(stack(x), plain, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="train_grid applies to 2D RoPE"):
+        vispos.configure(stack, scaling="linear", factor=2.0, train_grid=(4, 4))
+    with pytest.raises(ValueError, match="RoPE scaling applies to rope and rope2d; this model uses alibi"):
+        vispos.configure(torch.nn.Sequential(make("alibi")), scaling="linear", factor=2.0)
+    with pytest.raises(ValueError, match="no vispos positional scheme found"):
+        vispos.configure(torch.nn.Linear(2, 2), scaling="linear", factor=2.0)
+
+
+def test_set_position_enabled_switches_a_stack_of_attention_layers() -> None:
+    stack = torch.nn.Sequential(make("alibi"), make("alibi"))
+    x = tokens()
+    with torch.no_grad():
+        with_positions = stack(x)
+        vispos.set_position_enabled(stack, False)
+        assert not any(layer.enabled for layer in stack)
+        without = stack(x)
+        vispos.set_position_enabled(stack, True)
+        torch.testing.assert_close(stack(x), with_positions, rtol=0, atol=0)
+    assert not torch.allclose(without, with_positions)
+
+
 # --- bad input -------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("pos", ["sincos1d", "learned1d"])
 def test_additive_scheme_in_attention_is_refused(pos: str) -> None:
@@ -196,7 +232,7 @@ def test_attention_bad_arguments_name_what_is_accepted() -> None:
         Attention(DIM, HEADS, pos="rope3d")
     with pytest.raises(ValueError, match=r"no 1D form; 1D schemes: .*rope"):
         Attention(DIM, HEADS, pos="rope2d")
-    with pytest.raises(TypeError, match=r"unknown option\(s\) slopes for scheme 'alibi'; accepted: num_heads, causal"):
+    with pytest.raises(TypeError, match=r"unknown option\(s\) slopes for alibi; accepted: none"):
         Attention(DIM, HEADS, pos="alibi", slopes=[1.0])
     with pytest.raises(ValueError, match=r"divisible by num_heads"):
         Attention(30, HEADS)

@@ -1,11 +1,23 @@
-"""vispos: positional encodings for Vision Transformers (and token sequences), on any timm ViT."""
+"""vispos: positional encodings for Vision Transformers (and token sequences), on any timm ViT.
+
+Layout (one idea per module; only ``vispos.timm`` imports timm):
+
+- ``registry``: scheme name -> builder with its properties as data; ``encodings/``: the catalogue,
+  one file per family, each scheme registered beside its class.
+- ``attention``: SDPA / Shaw maths; ``positions``: the per-forward positional context of a 2D model;
+  ``layers``: sequence attention with any 1D scheme; ``configure``: RoPE and log-n scaling, on/off
+  switch, for any module tree; ``drope``: the DroPE schedule.
+- ``timm``: ``patch`` / ``create_model`` and the patched attention; ``diagnostics``: logit maps and
+  the relative / cross-term measures.
+"""
 
 from __future__ import annotations
 
-from . import diagnostics, drope, nn  # noqa: E402  (public submodules)
+from . import diagnostics, drope, layers
+from .configure import configure, set_position_enabled
 from .encodings.rope_scaling import SCALING_TYPES, RopeScaling
-from .patch import configure, create_model, patch, set_position_enabled
 from .registry import SchemeInfo, create_encoding, describe, get_info, list_encodings
+from .timm import create_model, patch
 
 __all__ = [
     "RopeScaling",
@@ -18,8 +30,8 @@ __all__ = [
     "diagnostics",
     "drope",
     "get_info",
+    "layers",
     "list_encodings",
-    "nn",
     "patch",
     "set_position_enabled",
 ]

@@ -9,8 +9,8 @@ but a model that finishes training without it no longer depends on positions it 
         drope.step(step)
         ...
 
-It works on timm models patched by vispos and on any module tree containing ``vispos.nn.Attention``
-layers or modules with an ``enabled`` switch; evaluation after training keeps positions off.
+It works on timm models patched by vispos and on any module tree containing ``vispos.layers.Attention``
+layers; evaluation after training keeps positions off.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from __future__ import annotations
 from torch import nn
 
 from ._validate import check_int
-from .nn import Attention
-from .patch import Positions
+from .layers import Attention
+from .positions import Positions
 
 
 def set_enabled(module: nn.Module, enabled: bool) -> int:
@@ -39,7 +39,7 @@ class DroPE:
         self.model = model
         self.drop_at = check_int("drop_at", drop_at, minimum=0)
         if set_enabled(model, True) == 0:
-            raise ValueError("no vispos positional scheme found in the model (patch it or use vispos.nn.Attention)")
+            raise ValueError("no vispos positional scheme found in the model (patch it or use vispos.layers.Attention)")
 
     def step(self, step: int) -> bool:
         """Apply the schedule for ``step``; returns whether positions are on."""

@@ -1,7 +1,9 @@
 """Scheme registry: name -> builder, with each scheme's properties as data.
 
-``describe()`` and the parametrised tests both read this table, so adding a scheme is one file and
-one ``register`` call.
+Schemes register themselves beside their class with the ``register`` decorator; ``describe()``, the
+hosts (``vispos.patch``, ``vispos.layers.Attention``) and the parametrised tests all read this table.
+The registry imports no scheme: ``vispos/encodings/__init__.py`` imports every family module, and
+importing ``vispos`` imports that package, so the table is full before any lookup.
 """
 
 from __future__ import annotations
@@ -9,12 +11,23 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, TypeVar
 
 from torch import nn
 
 Kind = Literal["additive", "rotary", "bias", "relative_kv", "none"]
 KINDS: tuple[str, ...] = ("additive", "rotary", "bias", "relative_kv", "none")
+
+# What a host injects into a scheme's constructor, by name; each scheme declares the subset it takes.
+CONTEXT: dict[str, str] = {
+    "dim": "channels the scheme acts on: the token width (additive schemes) or the head width (attention schemes)",
+    "num_heads": "attention heads",
+    "train_grid": "the (H, W) patch grid of the training resolution (2D)",
+    "num_prefix_tokens": "prefix tokens (cls, distillation, registers) that carry an additive embedding (2D)",
+    "causal": "whether attention is causal (1D)",
+}
+
+M = TypeVar("M", bound=type[nn.Module])
 
 
 @dataclass(frozen=True)
@@ -23,45 +36,90 @@ class SchemeInfo:
 
     name: str
     ndim: int  # 1: token sequences, 2: patch grids
-    kind: Kind  # how it enters attention; patch() and Attention dispatch on this
+    kind: Kind  # how it enters attention; hosts dispatch on this
     acts_on: str  # human-readable: "embedding", "q, k", "attention logits", ...
     trainable: bool
     relative: bool  # logits between tokens depend only on their offset
     extrapolation: str  # what happens beyond the training length / grid
     summary: str
     builder: Callable[..., nn.Module] = field(repr=False, compare=False)
+    context: tuple[str, ...] = ()  # constructor arguments the host fills in (keys of CONTEXT)
     per_layer: bool = False  # trainable attention schemes get one instance per transformer layer
+    scalable: bool = False  # RoPE whose frequencies ``vispos.configure(scaling=...)`` can stretch
     reference: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown kind {self.kind!r}; accepted: {', '.join(KINDS)}")
+        if self.ndim not in (1, 2):
+            raise ValueError(f"ndim must be 1 or 2, got {self.ndim!r}")
+        unknown = sorted(set(self.context) - set(CONTEXT))
+        if unknown:
+            raise ValueError(f"unknown context {', '.join(unknown)} for {self.name!r}; accepted: {', '.join(CONTEXT)}")
+        missing = sorted(set(self.context) - set(_parameters(self.builder)))
+        if missing:
+            raise ValueError(f"{self.name!r} declares context {', '.join(missing)} that its builder does not take")
+
+    @property
+    def options(self) -> list[str]:
+        """The keyword options a user may set (the builder's parameters less the injected context)."""
+        return [p for p in _parameters(self.builder) if p not in self.context]
 
 
 _REGISTRY: dict[str, dict[int, SchemeInfo]] = {}
 
 
-def register(info: SchemeInfo) -> SchemeInfo:
-    if info.kind not in KINDS:
-        raise ValueError(f"unknown kind {info.kind!r}; accepted: {', '.join(KINDS)}")
-    slot = _REGISTRY.setdefault(info.name, {})
-    if info.ndim in slot:
-        raise ValueError(f"scheme {info.name!r} ({info.ndim}D) is already registered")
-    slot[info.ndim] = info
-    return info
+def _parameters(builder: Callable[..., nn.Module]) -> list[str]:
+    params = inspect.signature(builder).parameters.values()
+    return [p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
 
 
-def _ensure_loaded() -> None:
-    from . import encodings  # noqa: F401  (registers every scheme on import)
+def register(
+    name: str,
+    *,
+    ndim: int,
+    kind: Kind,
+    acts_on: str,
+    trainable: bool,
+    relative: bool,
+    extrapolation: str,
+    summary: str,
+    context: tuple[str, ...] = (),
+    per_layer: bool = False,
+    scalable: bool = False,
+    reference: str = "",
+) -> Callable[[M], M]:
+    """Class decorator: add the decorated ``nn.Module`` to the catalogue under ``name`` (one per ndim)."""
+
+    def add(cls: M) -> M:
+        info = SchemeInfo(
+            name, ndim, kind, acts_on, trainable, relative, extrapolation, summary, builder=cls, context=context,
+            per_layer=per_layer, scalable=scalable, reference=reference,
+        )  # fmt: skip
+        slot = _REGISTRY.setdefault(name, {})
+        if ndim in slot:
+            raise ValueError(f"scheme {name!r} ({ndim}D) is already registered")
+        slot[ndim] = info
+        return cls
+
+    return add
 
 
-def list_encodings(ndim: int | None = None) -> list[str]:
-    """Registered scheme names, sorted; ``ndim=1`` or ``2`` keeps the sequence or image schemes."""
-    _ensure_loaded()
+def list_encodings(ndim: int | None = None, *, kind: str | tuple[str, ...] | None = None) -> list[str]:
+    """Registered scheme names, sorted; ``ndim=1`` or ``2`` keeps the sequence or image schemes,
+    ``kind`` (one kind or several) keeps the schemes of that kind in that ndim (or either)."""
     if ndim not in (None, 1, 2):
         raise ValueError(f"ndim must be 1, 2 or None, got {ndim!r}")
-    return sorted(n for n, slot in _REGISTRY.items() if ndim is None or ndim in slot)
+    kinds = (kind,) if isinstance(kind, str) else kind
+    return sorted(
+        name
+        for name, slot in _REGISTRY.items()
+        if any((ndim is None or d == ndim) and (kinds is None or i.kind in kinds) for d, i in slot.items())
+    )
 
 
 def get_info(name: str, ndim: int | None = None) -> SchemeInfo:
     """Properties of a scheme. ``nope`` exists in 1D and 2D; pass ``ndim`` to choose (default 2)."""
-    _ensure_loaded()
     if not isinstance(name, str):
         raise TypeError(f"scheme name must be a str, got {type(name).__name__}")
     slot = _REGISTRY.get(name)
@@ -76,12 +134,16 @@ def get_info(name: str, ndim: int | None = None) -> SchemeInfo:
 
 
 def accepted_options(name: str, ndim: int | None = None) -> list[str]:
-    params = inspect.signature(get_info(name, ndim).builder).parameters.values()
-    return [p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    """Every keyword ``create_encoding`` accepts for the scheme: its options and its context."""
+    return _parameters(get_info(name, ndim).builder)
 
 
 def create_encoding(name: str, *, ndim: int | None = None, **options: object) -> nn.Module:
-    """Build a scheme's module by registry name; unknown options fail loudly with the accepted list."""
+    """Build a scheme's module by registry name; unknown options fail loudly with the accepted list.
+
+    Standalone use passes the context (``dim``, ``num_heads``...) as ordinary keywords; hosts use
+    ``build_in_context``, which fills it in and refuses it from the user.
+    """
     info = get_info(name, ndim)
     accepted = accepted_options(name, info.ndim)
     unknown = sorted(set(options) - set(accepted))
@@ -92,6 +154,30 @@ def create_encoding(name: str, *, ndim: int | None = None, **options: object) ->
     module = info.builder(**options)
     module.scheme_info = info
     return module
+
+
+def build_in_context(info: SchemeInfo, context: dict[str, object], options: dict[str, object]) -> nn.Module:
+    """A host builds a scheme: the context it declares comes from ``context``, the rest from the user."""
+    split_options([info], options)
+    return create_encoding(info.name, ndim=info.ndim, **{k: context[k] for k in info.context}, **options)
+
+
+def split_options(infos: list[SchemeInfo], options: dict[str, object]) -> list[dict[str, object]]:
+    """Hand each scheme the user options it accepts; an option no scheme takes is an error."""
+    accepted = [set(i.options) for i in infos]
+    known = set().union(*accepted)
+    derived = sorted((set(options) & set().union(*(i.context for i in infos))) - known)
+    if derived:
+        raise TypeError(
+            f"option(s) {', '.join(derived)} of {', '.join(i.name for i in infos)} are set from the model, "
+            f"not by hand; accepted: {', '.join(sorted(known)) or 'none'}"
+        )
+    unknown = sorted(set(options) - known)
+    if unknown:
+        names = ", ".join(i.name for i in infos) or "nope"
+        listed = ", ".join(sorted(known)) or "none"
+        raise TypeError(f"unknown option(s) {', '.join(unknown)} for {names}; accepted: {listed}")
+    return [{k: v for k, v in options.items() if k in acc} for acc in accepted]
 
 
 def describe(ndim: int | None = None) -> str:

@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 from .._validate import check_grid, check_int, check_positions
-from ..attention import PatchedAttention
-from ..patch import Positions
+from ..positions import Positions
+from ..timm import PatchedAttention
 
 Where = tuple[int, int] | int | torch.Tensor  # a 2D grid (H, W), or 1D positions (length or [N] tensor)
 
@@ -122,10 +122,11 @@ def layer_logits(
 
     The tokens are ``content`` [C] (default zero) at every patch, passed through the model's own
     ``_pos_embed`` (additive table, prefix tokens), then, with ``norm=True``, ``norm_pre`` and the
-    block's ``norm1`` (the exact input of the first layer), then the layer's own qkv projection,
-    q/k norms, rotation and bias mask, as in its forward. Prefix tokens take part (RoPE leaves them
-    unrotated) and are dropped from the result. Rotary schemes need a non-zero ``content``; with
-    ``content=None`` an additive scheme gives its position-only part. Call it on a model in eval mode.
+    block's ``norm1`` (the exact input of the first layer), then the layer's own ``positioned`` path
+    (the one its forward feeds to SDPA): qkv projection, q/k norms, rotation, logit scale and bias
+    mask. Prefix tokens take part (RoPE leaves them unrotated) and are dropped from the result.
+    Rotary schemes need a non-zero ``content``; with ``content=None`` an additive scheme gives its
+    position-only part. Call it on a model in eval mode.
     """
     pos = getattr(model, "vispos", None)
     if not isinstance(pos, Positions):
@@ -146,13 +147,8 @@ def layer_logits(
     x = x[0] if isinstance(x, tuple) else x  # Eva returns (x, rope)
     if norm:
         x = block.norm1(model.norm_pre(x))
-    q, k, _ = attn.project(x)  # [1, heads, P + HW, head_dim]
-    q, k = attn.q_norm(q), attn.k_norm(k)
-    ctx = pos.context((h, w), x.device)
-    rotary, mask = ctx.rotary[layer], ctx.masks[layer]
-    if rotary is not None:
-        q, k = rotary.rotate(q, k)
-    logits = (q @ k.transpose(-2, -1))[0] * attn.scale  # [heads, P + HW, P + HW]
+    q, k, _, scale, mask = attn.positioned(x, pos.context((h, w), x.device))  # [1, heads, P + HW, head_dim]
+    logits = (q @ k.transpose(-2, -1))[0] * scale  # [heads, P + HW, P + HW]
     if mask is not None:
         logits = logits + mask.to(logits.dtype)
     p = pos.num_prefix_tokens

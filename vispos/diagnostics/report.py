@@ -1,6 +1,6 @@
 """Every 2D scheme on one small random ViT layer: measured values as a Markdown table, maps as PNG.
 
-Each scheme is patched onto the same random ``VisionTransformer`` layer (same seed, so the same qkv
+Each scheme is patched onto the same random timm ``VisionTransformer`` layer (same seed, so the same qkv
 weights and the same content vector for all), with its own parameters at their initial values. The
 figures use matplotlib's object API (``matplotlib.figure.Figure``, Agg rendering) and never touch
 pyplot's global state.
@@ -13,12 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
 from .._validate import check_grid, check_int
-from ..patch import patch
 from ..registry import get_info, list_encodings
+from ..timm import create_model
 from .logits import layer_logits
 from .measures import cross_term, query_map, translation_error
 
@@ -57,7 +56,9 @@ def _display_order(name: str) -> tuple[int, str]:
 def build_layer(name: str, *, grid: tuple[int, int], embed_dim: int, num_heads: int, patch_size: int = 4) -> nn.Module:
     """A one-block random ViT (cls token) at ``grid``, patched with ``name``, in eval mode."""
     h, w = grid
-    model = VisionTransformer(
+    model = create_model(
+        "vit_tiny_patch16_224",  # timm's default ViT block; every size below overrides the tiny one
+        pos=name,
         img_size=(h * patch_size, w * patch_size),
         patch_size=patch_size,
         embed_dim=embed_dim,
@@ -65,7 +66,7 @@ def build_layer(name: str, *, grid: tuple[int, int], embed_dim: int, num_heads: 
         num_heads=num_heads,
         num_classes=0,
     )
-    return patch(model, name).eval()
+    return model.eval()
 
 
 def measure_schemes(

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from .._validate import check_bool, check_grid, check_int, check_positions
+from ..registry import register
 from .relbias import relative_offsets_2d
 
 
@@ -31,6 +32,11 @@ def causal_mask(n: int, device: torch.device | None = None) -> torch.Tensor:
     return torch.full((n, n), float("-inf"), device=device).triu(1)
 
 
+@register(
+    "alibi", ndim=1, kind="bias", acts_on="attention logits", trainable=False, relative=True,
+    extrapolation="good (train short, test long)", summary="linear distance penalty, geometric slopes",
+    context=("num_heads", "causal"), reference="Press et al. 2022",
+)
 class Alibi(nn.Module):
     """1D ALiBi. Symmetric form: -m |i - j|. ``causal=True`` also masks future keys (-inf above the
     diagonal); on the visible keys both forms give -m (i - j)."""
@@ -51,6 +57,11 @@ class Alibi(nn.Module):
         return bias
 
 
+@register(
+    "alibi2d", ndim=2, kind="bias", acts_on="attention logits", trainable=False, relative=True,
+    extrapolation="any grid (distance penalty)", summary="ALiBi on the Euclidean patch distance, per-head slopes",
+    context=("num_heads",), reference="Press et al. 2022 (ALiBi), 2D form",
+)
 class Alibi2d(nn.Module):
     """ALiBi on the Euclidean distance between patches: -m_h * sqrt(dy^2 + dx^2)."""
 

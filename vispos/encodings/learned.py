@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._validate import check_bool, check_choice, check_grid, check_int, check_positions
+from ..registry import register
 
 OUT_OF_RANGE: tuple[str, ...] = ("error", "clamp", "interpolate")
 
@@ -31,6 +32,11 @@ def resample_table_2d(table: torch.Tensor, grid: tuple[int, int]) -> torch.Tenso
     return out[0].permute(1, 2, 0).to(table.dtype)
 
 
+@register(
+    "learned1d", ndim=1, kind="additive", acts_on="embedding (added)", trainable=True, relative=False,
+    extrapolation="none past max_len (error, clamp or interpolate: explicit)", summary="learned absolute table",
+    context=("dim",), reference="Devlin et al. 2019 (BERT)",
+)
 class Learned1d(nn.Module):
     """A trainable [max_len, dim] table. Beyond ``max_len`` it must be told what to do (``out_of_range``):
     ``error`` (default), ``clamp`` (reuse the last row) or ``interpolate`` (stretch the table linearly).
@@ -62,6 +68,13 @@ class Learned1d(nn.Module):
         return stretched[0].T.to(self.table.dtype)[positions]
 
 
+@register(
+    "learned2d", ndim=2, kind="additive", acts_on="embedding (added)", trainable=True, relative=False,
+    extrapolation="table resampled (bicubic, antialias)",
+    summary="learnable (H, W, d) table; optional row + column form (NaViT)",
+    context=("dim", "train_grid", "num_prefix_tokens"),
+    reference="Dosovitskiy et al. 2021 (ViT); Dehghani et al. 2023 (NaViT)",
+)
 class Learned2d(nn.Module):
     """A trainable [H, W, dim] table for the training grid (ViT), resampled bicubically at other grids.
 
@@ -74,17 +87,17 @@ class Learned2d(nn.Module):
         self,
         *,
         dim: int,
-        grid: tuple[int, int] = (14, 14),
+        train_grid: tuple[int, int] = (14, 14),
         factorized: bool = False,
         num_prefix_tokens: int = 0,
         init_std: float = 0.02,
     ) -> None:
         super().__init__()
         self.dim = check_int("dim", dim, minimum=1)
-        self.grid = check_grid(grid)
+        self.train_grid = check_grid(train_grid, "train_grid")
         self.factorized = check_bool("factorized", factorized)
         check_int("num_prefix_tokens", num_prefix_tokens, minimum=0)
-        h, w = self.grid
+        h, w = self.train_grid
         if self.factorized:
             self.row = nn.Parameter(torch.zeros(h, dim))
             self.col = nn.Parameter(torch.zeros(w, dim))
@@ -100,6 +113,19 @@ class Learned2d(nn.Module):
     @property
     def num_prefix_tokens(self) -> int:
         return 0 if self.prefix is None else self.prefix.shape[0]
+
+    @torch.no_grad()
+    def adopt_pos_embed(self, pos_embed: torch.Tensor) -> bool:
+        """Host hook: start from a model's own table ``pos_embed`` [1, P + H*W, dim] (P = this module's
+        prefix rows), so the model's outputs at the training grid stay the same. Returns whether it fit."""
+        h, w = self.train_grid
+        p = self.num_prefix_tokens
+        if self.factorized or tuple(pos_embed.shape) != (1, p + h * w, self.dim):
+            return False
+        self.table.copy_(pos_embed[0, p:].reshape(h, w, self.dim))
+        if self.prefix is not None:
+            self.prefix.copy_(pos_embed[0, :p])
+        return True
 
     def forward(self, grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
         """-> [H*W, dim] for the patch tokens of ``grid``, in the parameters' dtype."""

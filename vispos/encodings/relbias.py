@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from .._validate import check_float, check_grid, check_int
+from ..registry import register
 from .learned import resize_bicubic
 
 
@@ -41,21 +42,27 @@ def resize_bias_table(table: torch.Tensor, old_grid: tuple[int, int], new_grid: 
     return out.reshape(heads, -1).T.to(table.dtype)
 
 
+@register(
+    "relbias2d", ndim=2, kind="bias", acts_on="attention logits", trainable=True, relative=True,
+    extrapolation="table resized (bicubic) to the new grid",
+    summary="Swin relative position bias: a ((2H-1)(2W-1), heads) table",
+    context=("num_heads", "train_grid"), per_layer=True, reference="Liu et al. 2021 (Swin)",
+)
 class RelBias2d(nn.Module):
     """Swin relative position bias: one learned scalar per head for each (dy, dx) of the training grid."""
 
-    def __init__(self, *, num_heads: int, grid: tuple[int, int] = (14, 14), init_std: float = 0.02) -> None:
+    def __init__(self, *, num_heads: int, train_grid: tuple[int, int] = (14, 14), init_std: float = 0.02) -> None:
         super().__init__()
         self.num_heads = check_int("num_heads", num_heads, minimum=1)
-        self.grid = check_grid(grid)
-        h, w = self.grid
+        self.train_grid = check_grid(train_grid, "train_grid")
+        h, w = self.train_grid
         self.table = nn.Parameter(torch.zeros((2 * h - 1) * (2 * w - 1), num_heads))
         nn.init.trunc_normal_(self.table, std=init_std)
 
     def forward(self, grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
         """-> [heads, HW, HW]; the table is resized when ``grid`` differs from the training grid."""
         grid = check_grid(grid)
-        table = resize_bias_table(self.table, self.grid, grid)
+        table = resize_bias_table(self.table, self.train_grid, grid)
         index = relative_index_2d(grid, self.table.device)
         return table[index].permute(2, 0, 1)
 
@@ -69,15 +76,21 @@ def log_spaced_offsets(grid: tuple[int, int], train_grid: tuple[int, int], devic
     return torch.sign(table) * torch.log2(table.abs() + 1.0) / math.log2(8)
 
 
+@register(
+    "cpb2d", ndim=2, kind="bias", acts_on="attention logits", trainable=True, relative=True,
+    extrapolation="continuous: the MLP is evaluated at new offsets",
+    summary="SwinV2 continuous bias: MLP on log-spaced (dy, dx), 16 sigmoid",
+    context=("num_heads", "train_grid"), per_layer=True, reference="Liu et al. 2022 (Swin V2)",
+)
 class ContinuousBias2d(nn.Module):
     """SwinV2 continuous position bias: an MLP on log-spaced (dy, dx), 16 * sigmoid. Extrapolates by design."""
 
     def __init__(
-        self, *, num_heads: int, grid: tuple[int, int] = (14, 14), hidden: int = 512, max_bias: float = 16.0
+        self, *, num_heads: int, train_grid: tuple[int, int] = (14, 14), hidden: int = 512, max_bias: float = 16.0
     ) -> None:
         super().__init__()
         self.num_heads = check_int("num_heads", num_heads, minimum=1)
-        self.grid = check_grid(grid)
+        self.train_grid = check_grid(train_grid, "train_grid")
         self.max_bias = check_float("max_bias", max_bias, positive=True)
         hidden = check_int("hidden", hidden, minimum=1)
         self.mlp = nn.Sequential(nn.Linear(2, hidden), nn.ReLU(inplace=True), nn.Linear(hidden, num_heads, bias=False))
@@ -86,7 +99,7 @@ class ContinuousBias2d(nn.Module):
         """-> [heads, HW, HW]."""
         grid = check_grid(grid)
         weight = self.mlp[0].weight
-        inputs = log_spaced_offsets(grid, self.grid, weight.device).to(weight.dtype)
+        inputs = log_spaced_offsets(grid, self.train_grid, weight.device).to(weight.dtype)
         table = self.mlp(inputs).flatten(0, 1)  # [(2H-1)(2W-1), heads]
         index = relative_index_2d(grid, weight.device)
         return self.max_bias * torch.sigmoid(table[index].permute(2, 0, 1).float())

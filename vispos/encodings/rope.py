@@ -20,6 +20,7 @@ from einops import rearrange
 from torch import nn
 
 from .._validate import check_choice, check_float, check_grid, check_int, check_positions
+from ..registry import register
 from .rope_scaling import RopeScaling, as_scaling, check_scaling_dim, rope_inv_freq, scaled_inv_freq
 
 LAYOUTS: tuple[str, ...] = ("half", "interleaved")
@@ -63,7 +64,7 @@ class Rotary:
     layout: str = "half"
     q_scale: torch.Tensor | None = None
     k_scale: torch.Tensor | None = None
-    attention: float = 1.0  # the scaling method's temperature, already folded into cos and sin
+    temperature: float = 1.0  # the scaling method's attention factor, already folded into cos and sin
 
     def rotate(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q, k: [B, heads, N, head_dim] -> rotated (and, for xPos, scaled) q, k."""
@@ -85,8 +86,8 @@ class Rotary:
             return torch.cat((t.new_full(shape, value), t), dim=-2)
 
         # identity rotation, at the same temperature (scaling attention factor) as the patch tokens
-        cos, sin = pad(self.cos, self.attention), pad(self.sin, 0.0)
-        return Rotary(cos, sin, self.layout, pad(self.q_scale, 1.0), pad(self.k_scale, 1.0), self.attention)
+        cos, sin = pad(self.cos, self.temperature), pad(self.sin, 0.0)
+        return Rotary(cos, sin, self.layout, pad(self.q_scale, 1.0), pad(self.k_scale, 1.0), self.temperature)
 
 
 def _check_dim(dim: object, multiple: int, scheme: str) -> int:
@@ -101,8 +102,17 @@ def rope_angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor
     return positions.float()[..., None] * inv_freq.to(positions.device)
 
 
+@register(
+    "rope", ndim=1, kind="rotary", acts_on="q, k", trainable=False, relative=True,
+    extrapolation="poor unscaled; linear/ntk/dynamic_ntk/yarn/longrope scaling",
+    summary="rotary, rotate-half or interleaved layout", context=("dim",), scalable=True,
+    reference="Su et al. 2021 (RoFormer)",
+)
 class Rope(nn.Module):
-    """1D RoPE (Su et al. 2021) with optional scaling for sequences longer than training."""
+    """1D RoPE (Su et al. 2021) with optional scaling for sequences longer than training.
+
+    ``scaling`` is read-only; switch it with ``set_scaling`` or, on a whole model, ``vispos.configure``.
+    """
 
     def __init__(
         self,
@@ -116,16 +126,20 @@ class Rope(nn.Module):
         self.dim = _check_dim(dim, 2, "rope")
         self.theta = check_float("theta", theta, positive=True)
         self.layout = check_choice("layout", layout, LAYOUTS)
-        self.scaling = scaling
+        self._scaling: RopeScaling | None = None
+        self.set_scaling(scaling)
 
     @property
     def scaling(self) -> RopeScaling | None:
-        """RoPE scaling in use; may be switched after training (validated on assignment)."""
+        """RoPE scaling in use (None: plain RoPE)."""
         return self._scaling
 
-    @scaling.setter
-    def scaling(self, scaling: RopeScaling | dict | str | None) -> None:
-        scaling = as_scaling(scaling)
+    def set_scaling(self, scaling: RopeScaling | dict | str | None, **options: object) -> None:
+        """Switch scaling (e.g. for evaluation beyond the training length) or off (``None``).
+
+        ``scaling``: a ``RopeScaling``, a type name with its fields as keywords, or a dict of fields.
+        """
+        scaling = as_scaling(scaling, **options)
         check_scaling_dim(scaling, self.dim)
         self._scaling = scaling
 
@@ -136,11 +150,11 @@ class Rope(nn.Module):
         """positions: length or integer positions [N] / [B, N] -> Rotary with cos/sin [(B,) N, dim]."""
         positions = check_positions(positions)
         length = int(positions.max()) + 1 if self.scaling is not None else positions.shape[-1]
-        inv_freq, attention = self.inv_freq(length)
+        inv_freq, temperature = self.inv_freq(length)
         angles = expand_angles(rope_angles(positions, inv_freq), self.layout)
         if positions.dim() == 2:
             angles = angles[:, None]  # [B, 1, N, d]: broadcast over heads
-        return Rotary(angles.cos() * attention, angles.sin() * attention, self.layout, attention=attention)
+        return Rotary(angles.cos() * temperature, angles.sin() * temperature, self.layout, temperature=temperature)
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, theta={self.theta}, layout={self.layout!r}, scaling={self.scaling}"
@@ -161,6 +175,12 @@ def grid_coords(grid: tuple[int, int], coords: str, device: torch.device | None 
     return torch.stack((yy.flatten(), xx.flatten()), dim=-1)
 
 
+@register(
+    "rope2d", ndim=2, kind="rotary", acts_on="q, k", trainable=False, relative=True,
+    extrapolation="unseen angles at pixel coords; linear/ntk/yarn scaling per axis; normalized coords",
+    summary="axial 2D RoPE: half the rotary pairs turn with x, half with y", context=("dim", "train_grid"),
+    scalable=True, reference="Heo et al. 2024 (RoPE-ViT); Simeoni et al. 2025 (DINOv3)",
+)
 class Rope2d(nn.Module):
     """Axial 2D RoPE: half the rotary pairs turn with x, half with y (rope-vit RoPE-Axial, theta 100).
 
@@ -195,30 +215,21 @@ class Rope2d(nn.Module):
     ) -> None:
         """Switch per-axis scaling (e.g. for evaluation above ``train_grid``) or off (``None``).
 
-        Each axis gets ``original_length`` = its training size; without ``factor`` the factor follows
-        the grid: max(1, H / H0) for y and max(1, W / W0) for x.
+        ``scaling`` as for ``Rope.set_scaling``. Each axis gets ``original_length`` = its training size;
+        without ``factor`` the factor follows the grid: max(1, H / H0) for y and max(1, W / W0) for x.
         """
-        if train_grid is not None:
-            self.train_grid = check_grid(train_grid, "train_grid")
-        if scaling is None:
-            if options:
-                raise ValueError(f"scaling options {sorted(options)} given with scaling=None")
-            self.scaling_y = self.scaling_x = None
-            return
-        if self.coords != "pixel":
-            raise ValueError("RoPE scaling applies to coords='pixel'; normalized coordinates never leave [-1, 1]")
-        if self.train_grid is None:
-            raise ValueError("rope2d scaling needs train_grid=(H, W), the grid it was trained on")
-        h0, w0 = self.train_grid
-        if isinstance(scaling, str):
-            scaling = {"type": scaling}
-        if isinstance(scaling, dict):
-            scaling = as_scaling({**scaling, **options, "original_length": h0})
-        elif options:
-            raise ValueError("pass scaling options inside the RopeScaling object")
+        train_grid = self.train_grid if train_grid is None else check_grid(train_grid, "train_grid")
+        if scaling is not None:
+            if self.coords != "pixel":
+                raise ValueError("RoPE scaling applies to coords='pixel'; normalized coordinates never leave [-1, 1]")
+            if train_grid is None:
+                raise ValueError("rope2d scaling needs train_grid=(H, W), the grid it was trained on")
+        h0, w0 = train_grid if train_grid is not None else (None, None)
+        scaling = as_scaling(scaling, original_length=h0, **options)
         check_scaling_dim(scaling, self.dim // 2)  # per axis
-        self.scaling_y = replace(scaling, original_length=h0)  # type: ignore[arg-type]
-        self.scaling_x = replace(scaling, original_length=w0)  # type: ignore[arg-type]
+        self.train_grid = train_grid
+        self.scaling_y = None if scaling is None else replace(scaling, original_length=h0)
+        self.scaling_x = None if scaling is None else replace(scaling, original_length=w0)
 
     def angles(self, grid: tuple[int, int], device: torch.device | None = None) -> tuple[torch.Tensor, float]:
         """Per-pair angles [H*W, dim/2] ((x pairs, then y pairs)) and the attention factor."""
@@ -233,38 +244,28 @@ class Rope2d(nn.Module):
         return torch.cat((ax, ay), dim=-1), math.sqrt(att_y * att_x)
 
     def forward(self, grid: tuple[int, int], device: torch.device | None = None) -> Rotary:
-        angles, attention = self.angles(grid, device)
+        angles, temperature = self.angles(grid, device)
         angles = expand_angles(angles, self.layout)  # [HW, dim]
-        return Rotary(angles.cos() * attention, angles.sin() * attention, self.layout, attention=attention)
+        return Rotary(angles.cos() * temperature, angles.sin() * temperature, self.layout, temperature=temperature)
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, theta={self.theta}, coords={self.coords!r}, layout={self.layout!r}"
 
 
-class KeepFp32(nn.Module):
-    """Parameters named in ``fp32_params`` stay fp32 when the module is cast (``.half()``, ``.to(bf16)``)."""
-
-    fp32_params: tuple[str, ...] = ()
-
-    def _apply(self, fn, recurse: bool = True):  # noqa: ANN001
-        kept = {name: getattr(self, name).data for name in self.fp32_params}
-        super()._apply(fn, recurse)
-        for name, data in kept.items():
-            param = getattr(self, name)
-            if param.dtype != data.dtype and param.is_floating_point():
-                param.data = data.to(param.device)
-        return self
-
-
-class Rope2dMixed(KeepFp32):
+@register(
+    "rope2d_mixed", ndim=2, kind="rotary", acts_on="q, k", trainable=True, relative=True,
+    extrapolation="best of the RoPE-ViT schemes above training size",
+    summary="RoPE-Mixed: learnable per-layer, per-head 2D frequencies", context=("dim", "num_heads"),
+    per_layer=True, reference="Heo et al. 2024 (RoPE-ViT)",
+)
+class Rope2dMixed(nn.Module):
     """RoPE-Mixed (Heo et al. 2024): learnable 2D frequency vectors per head (one module per layer).
 
     Pair j of head h turns by x * fx[h, j] + y * fy[h, j]. Initialised like rope-vit: axial magnitudes
     theta ** (-4j / dim) along a random direction per head; with ``rotate=False`` the start is exactly
-    axial RoPE.
+    axial RoPE. The angles are computed in fp32 whatever the parameters' dtype; train under autocast
+    (parameters stay fp32) rather than on a ``.half()`` model, which rounds ``freqs`` like every weight.
     """
-
-    fp32_params = ("freqs",)
 
     def __init__(
         self,

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import torch
 
@@ -80,27 +80,37 @@ class RopeScaling:
         return max(1.0, length / self.original_length)  # type: ignore[operator]
 
 
-def as_scaling(scaling: RopeScaling | str | dict | None, **options: object) -> RopeScaling | None:
-    """Accept a ``RopeScaling``, a type name plus options, or a dict (as from a YAML config)."""
+def as_scaling(
+    scaling: RopeScaling | str | dict | None, *, original_length: int | None = None, **options: object
+) -> RopeScaling | None:
+    """The one way to read a scaling setting: a ``RopeScaling``, a type name with its fields as keyword
+    options, or a dict of fields (as from a YAML config). ``original_length`` is the training length to
+    use when the setting gives none."""
     if scaling is None:
         if options:
             raise ValueError(f"scaling options {sorted(options)} given without scaling=; accepted: {SCALING_TYPES}")
         return None
     if isinstance(scaling, RopeScaling):
+        if options:
+            raise ValueError(f"scaling options {sorted(options)} given beside a RopeScaling; set them inside it")
+        if scaling.original_length is None and original_length is not None:
+            return replace(scaling, original_length=original_length)
         return scaling
+    if isinstance(scaling, str):
+        scaling = {"type": scaling}
+    if not isinstance(scaling, dict):
+        raise TypeError(f"scaling must be None, a type name, a dict or RopeScaling; got {type(scaling).__name__}")
     accepted = [f.name for f in fields(RopeScaling)]
-    keys = set(options) | (set(scaling) if isinstance(scaling, dict) else set())
-    unknown = sorted(map(str, keys - set(accepted)))
+    merged = {**scaling, **options}
+    unknown = sorted(map(str, set(merged) - set(accepted)))
     if unknown:
         raise TypeError(f"unknown RoPE scaling option(s) {', '.join(unknown)}; accepted: {', '.join(accepted)}")
-    if isinstance(scaling, dict):
-        return RopeScaling(**{**scaling, **options})
-    if isinstance(scaling, str):
-        for key in ("long_factors", "short_factors"):
-            if isinstance(options.get(key), Sequence):
-                options[key] = tuple(options[key])  # type: ignore[arg-type]
-        return RopeScaling(scaling, **options)  # type: ignore[arg-type]
-    raise TypeError(f"scaling must be None, a type name, a dict or RopeScaling; got {type(scaling).__name__}")
+    for key in ("long_factors", "short_factors"):
+        if isinstance(merged.get(key), Sequence):
+            merged[key] = tuple(merged[key])
+    if merged.get("original_length") is None and original_length is not None:
+        merged["original_length"] = original_length
+    return RopeScaling(**merged)
 
 
 def _yarn_correction_dim(rotations: float, dim: int, theta: float, original_length: int) -> float:

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from .._validate import check_bool, check_int, check_positions
+from ..registry import register
 
 
 def shaw_index(positions: torch.Tensor, max_distance: int) -> torch.Tensor:
@@ -24,6 +25,11 @@ class ShawTables:
     value_table: torch.Tensor | None  # [2k + 1, head_dim]
 
 
+@register(
+    "shaw", ndim=1, kind="relative_kv", acts_on="q.k and value sum", trainable=True, relative=True,
+    extrapolation="offsets clipped at +-k", summary="Shaw clipped relative embeddings on keys and values",
+    context=("dim",), reference="Shaw et al. 2018",
+)
 class ShawRelative(nn.Module):
     def __init__(self, *, dim: int, max_distance: int = 16, values: bool = True, init_std: float = 0.02) -> None:
         super().__init__()

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from .._validate import check_float, check_grid, check_int, check_positions
+from ..registry import register
 
 
 def sincos_1d(positions: torch.Tensor, dim: int, temperature: float = 1e4) -> torch.Tensor:
@@ -31,6 +32,11 @@ def sincos_2d(
     )
 
 
+@register(
+    "sincos1d", ndim=1, kind="additive", acts_on="embedding (added)", trainable=False, relative=False,
+    extrapolation="formula defined anywhere; poor in practice", summary="Vaswani sinusoidal",
+    context=("dim",), reference="Vaswani et al. 2017",
+)
 class SinCos1d(nn.Module):
     def __init__(self, *, dim: int, temperature: float = 1e4) -> None:
         super().__init__()
@@ -44,6 +50,12 @@ class SinCos1d(nn.Module):
         return sincos_1d(check_positions(positions), self.dim, self.temperature)
 
 
+@register(
+    "sincos2d", ndim=2, kind="additive", acts_on="embedding (added)", trainable=False, relative=False,
+    extrapolation="any grid (formula); unseen absolute positions",
+    summary="fixed 2D sin-cos, x and y on half the channels each (MAE)",
+    context=("dim",), reference="Vaswani et al. 2017; He et al. 2022 (MAE)",
+)
 class SinCos2d(nn.Module):
     def __init__(self, *, dim: int, temperature: float = 1e4) -> None:
         super().__init__()

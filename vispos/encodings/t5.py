@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from .._validate import check_bool, check_int, check_positions
+from ..registry import register
 from .alibi import causal_mask
 
 
@@ -32,21 +33,26 @@ def t5_bucket(
     return bucket + torch.where(n < max_exact, n, log_bucket)
 
 
+@register(
+    "t5", ndim=1, kind="bias", acts_on="attention logits", trainable=True, relative=True,
+    extrapolation="far offsets share the last bucket", summary="T5 log-bucket scalar bias",
+    context=("num_heads", "causal"), reference="Raffel et al. 2020 (T5)",
+)
 class T5Bias(nn.Module):
     def __init__(
-        self, *, num_heads: int, num_buckets: int = 32, max_distance: int = 128, bidirectional: bool = True
+        self, *, num_heads: int, num_buckets: int = 32, max_distance: int = 128, causal: bool = False
     ) -> None:
         super().__init__()
         self.num_heads = check_int("num_heads", num_heads, minimum=1)
         self.num_buckets = check_int("num_buckets", num_buckets, minimum=4)
         self.max_distance = check_int("max_distance", max_distance, minimum=2)
-        self.bidirectional = check_bool("bidirectional", bidirectional)
-        if self.max_distance <= self.num_buckets // (4 if bidirectional else 2):
+        self.bidirectional = not check_bool("causal", causal)  # T5's name for the two bucketings
+        if self.max_distance <= self.num_buckets // (4 if self.bidirectional else 2):
             raise ValueError("max_distance must exceed the exact-bucket range (num_buckets / 4, or / 2 causal)")
         self.embedding = nn.Embedding(self.num_buckets, self.num_heads)
 
     def forward(self, positions: torch.Tensor | int) -> torch.Tensor:
-        """-> [(B,) heads, N, N]; the causal form (bidirectional=False) also masks later keys."""
+        """-> [(B,) heads, N, N]; the causal form also masks later keys."""
         positions = check_positions(positions).to(self.embedding.weight.device)
         relative = positions[..., None, :] - positions[..., :, None]  # key - query, [(B,) N, N]
         buckets = t5_bucket(

@@ -1,0 +1,94 @@
+"""Inference-time settings of any module tree that holds vispos schemes, without rebuilding it.
+
+``configure`` sets RoPE scaling on every scalable RoPE (1D ``rope`` in ``vispos.layers.Attention``
+stacks, 2D ``rope2d`` in patched timm models) and log-n attention scaling on patched 2D models;
+``set_position_enabled`` switches every scheme off or on (DroPE). Both find the schemes through the
+registry's declared properties, not through class names, and work on a patched timm model and on a
+plain ``nn.Module`` made of ``vispos.layers.Attention`` layers alike.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from ._validate import check_bool, check_grid
+from .drope import set_enabled
+from .encodings.rope_scaling import RopeScaling
+from .positions import Positions
+
+_KEEP: Any = object()  # "leave this setting as it is"
+
+
+def scalable_ropes(module: nn.Module) -> list[nn.Module]:
+    """The RoPE modules under ``module`` whose frequencies ``configure(scaling=...)`` can stretch."""
+    return [m for m in module.modules() if getattr(getattr(m, "scheme_info", None), "scalable", False)]
+
+
+def _schemes_in_use(module: nn.Module) -> str:
+    names = sorted({m.scheme_info.name for m in module.modules() if hasattr(m, "scheme_info")})
+    return ", ".join(names) or "no vispos scheme"
+
+
+def configure(
+    module: nn.Module,
+    *,
+    scaling: RopeScaling | str | dict | None = _KEEP,
+    train_grid: tuple[int, int] | None = None,
+    log_n_attention: bool | None = None,
+    **scaling_options: Any,
+) -> nn.Module:
+    """Inference-time settings for inputs larger than training; no re-patching, no rebuilding.
+
+    ``scaling``: RoPE scaling, ``"linear"``, ``"ntk"``, ``"yarn"``... (``vispos.SCALING_TYPES``), with
+    ``RopeScaling`` fields such as ``factor=`` as keywords, a dict or a ``RopeScaling``; None switches
+    it off. 2D RoPE stretches each axis by its own factor, current / training size (at least 1),
+    unless ``factor=`` is given; 1D RoPE needs ``original_length=`` (the training length) for methods
+    that derive the factor from the length. ``log_n_attention`` (2D): True multiplies every logit by
+    max(1, ln N / ln N_train) for N patch tokens; works with any scheme. ``train_grid`` (2D) defaults
+    to the grid the model had when it was patched. Settings left out keep their current value.
+    Returns ``module``.
+    """
+    positions = [m for m in module.modules() if isinstance(m, Positions)]
+    if not positions and not any(hasattr(m, "scheme_info") for m in module.modules()):
+        raise ValueError("no vispos positional scheme found; patch the model with vispos.patch or use vispos.layers")
+    grid = None if train_grid is None else check_grid(train_grid, "train_grid")
+    if scaling is _KEEP and scaling_options:
+        raise ValueError(f"scaling options {sorted(scaling_options)} given without scaling=")
+    if scaling is not _KEEP:
+        ropes = scalable_ropes(module)
+        if not ropes:
+            raise ValueError(f"RoPE scaling applies to rope and rope2d; this model uses {_schemes_in_use(module)}")
+        for rope in ropes:
+            if rope.scheme_info.ndim == 2:
+                rope.set_scaling(scaling, train_grid=grid, **scaling_options)
+            elif grid is not None:
+                raise ValueError("train_grid applies to 2D RoPE; give 1D RoPE its training length as original_length=")
+            else:
+                rope.set_scaling(scaling, **scaling_options)
+    if log_n_attention is not None:
+        check_bool("log_n_attention", log_n_attention)
+        if not positions:
+            raise ValueError("log_n_attention applies to models patched with vispos.patch")
+        for pos in positions:
+            tokens = (grid or pos.train_grid)[0] * (grid or pos.train_grid)[1]
+            if log_n_attention and tokens < 2:
+                raise ValueError("log_n_attention needs a training grid of at least 2 patches")
+            pos.log_n_tokens = tokens if log_n_attention else None
+    record = getattr(module, "vispos_cfg", None)  # a patched model's summary of its settings
+    if record is not None:
+        grid = grid or record["train_grid"]
+        if scaling is not _KEEP:
+            record["scaling"] = None if scaling is None else {"scaling": scaling, "train_grid": grid, **scaling_options}
+        if log_n_attention is not None:
+            record["log_n_attention"] = log_n_attention
+    return module
+
+
+def set_position_enabled(module: nn.Module, enabled: bool) -> nn.Module:
+    """Turn every positional scheme under ``module`` off (``False``) or back on; weights are kept."""
+    check_bool("enabled", enabled)
+    if set_enabled(module, enabled) == 0:
+        raise ValueError("no vispos positional scheme found; patch the model with vispos.patch or use vispos.layers")
+    return module

@@ -1,0 +1,84 @@
+"""Sequence layers with any 1D positional scheme: ``vispos.layers.Attention(dim, heads, pos="alibi")``."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ._validate import check_bool, check_float, check_int, check_positions
+from .attention import as_float_mask, combine_masks, sdpa, shaw_attention
+from .encodings.alibi import causal_mask
+from .registry import build_in_context, get_info
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention over [B, N, dim] tokens with a 1D positional scheme applied inside.
+
+    RoPE / xPos rotate q and k; bias schemes (ALiBi, T5) enter SDPA as one additive mask; Shaw's scheme
+    takes an explicit path for its value term. Additive schemes (sincos1d, learned1d) belong to the
+    embeddings, not to attention: build them with ``vispos.create_encoding`` and add them to the tokens.
+    ``causal`` masks later keys and selects the causal form of schemes that have one (ALiBi, T5).
+    Scheme options (``theta``, ``scaling``, ``num_buckets``, ...) pass through ``pos_options``.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        *,
+        pos: str = "nope",
+        causal: bool = False,
+        qkv_bias: bool = True,
+        dropout: float = 0.0,
+        fused: bool = True,
+        **pos_options: object,
+    ) -> None:
+        super().__init__()
+        self.dim = check_int("dim", dim, minimum=1)
+        self.num_heads = check_int("num_heads", num_heads, minimum=1)
+        if dim % num_heads:
+            raise ValueError(f"dim ({dim}) must be divisible by num_heads ({num_heads})")
+        self.head_dim = dim // num_heads
+        self.causal = check_bool("causal", causal)
+        self.dropout = check_float("dropout", dropout, minimum=0.0)
+        self.fused = check_bool("fused", fused)
+        info = get_info(pos, ndim=1)
+        if info.kind == "additive":
+            raise ValueError(
+                f"{pos!r} is added to the token embeddings, not applied in attention; build it with "
+                f"vispos.create_encoding({pos!r}, ndim=1, dim=...) and add it to the tokens"
+            )
+        self.kind = info.kind
+        self.enabled = True  # DroPE switch (vispos.drope): False skips the positional scheme
+        context = {"dim": self.head_dim, "num_heads": num_heads, "causal": causal}
+        self.pos = build_in_context(info, context, pos_options)
+        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor | None = None, attn_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """x [B, N, dim]; positions [N] or [B, N] (default 0..N-1; e.g. offsets or packed sequences);
+        attn_mask: SDPA-style bool (True = attend) or float, broadcastable to [B, heads, N, N]."""
+        b, n, _ = x.shape
+        positions = torch.arange(n, device=x.device) if positions is None else check_positions(positions)
+        if positions.shape[-1] != n:
+            raise ValueError(f"positions cover {positions.shape[-1]} tokens, the input has {n}")
+        q, k, v = self.qkv(x).view(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # [B, h, N, d]
+        mask = as_float_mask(attn_mask, q.dtype)
+        causal_now = self.causal
+        kind = self.kind if self.enabled else "none"
+        if kind == "rotary":
+            q, k = self.pos(positions).rotate(q, k)
+        elif kind == "bias":
+            bias = self.pos(positions)  # [(B,) heads, N, N], causal form already masked
+            mask = combine_masks(bias.to(q.dtype), mask)
+        if causal_now and (mask is not None or kind == "relative_kv"):
+            mask = combine_masks(mask, causal_mask(n, x.device).to(q.dtype))
+            causal_now = False
+        dropout_p = self.dropout if self.training else 0.0
+        if kind == "relative_kv":
+            out = shaw_attention(q, k, v, self.pos(positions), mask=mask, dropout_p=dropout_p)
+        else:
+            out = sdpa(q, k, v, mask=mask, is_causal=causal_now, dropout_p=dropout_p, fused=self.fused)
+        return self.proj(out.transpose(1, 2).reshape(b, n, self.dim))

@@ -1,0 +1,116 @@
+"""The positional part of a patched 2D model, independent of any model library.
+
+``Positions`` holds at most one additive and one attention scheme and builds, once per forward and
+from the actual patch grid, a ``PositionContext``: what every layer's attention needs (rotations,
+additive masks, a logit scale). Hosts (the timm adapter) hand that context to their attention layers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ._validate import check_grid
+from .attention import as_float_mask
+from .encodings.rope import Rotary
+
+
+@dataclass
+class PositionContext:
+    """Per-layer positional tensors for one forward pass at one grid (prefix tokens included)."""
+
+    rotary: tuple[Rotary | None, ...]  # cos/sin [N, d] or [heads, N, d]
+    masks: tuple[torch.Tensor | None, ...]  # additive [heads, N, N] or the user's mask
+    logit_scale: float = 1.0  # extra temperature on every logit (log-n attention scaling)
+
+
+class Positions(nn.Module):
+    """The positional scheme of a patched model: at most one additive and one attention scheme.
+
+    ``enabled`` switches the whole scheme off (DroPE) and back on; ``log_n_tokens`` is the training
+    token count while log-n attention scaling is on (``vispos.configure``).
+    """
+
+    def __init__(
+        self,
+        *,
+        additive: nn.Module | None,
+        attention: nn.Module | nn.ModuleList | None,
+        attention_kind: str,
+        depth: int,
+        num_prefix_tokens: int,
+        patch_size: tuple[int, int],
+        train_grid: tuple[int, int],
+    ) -> None:
+        super().__init__()
+        self.additive = additive
+        self.attention = attention
+        self.attention_kind = attention_kind
+        self.depth = depth
+        self.num_prefix_tokens = num_prefix_tokens
+        self.patch_size = patch_size
+        self.train_grid = check_grid(train_grid, "train_grid")
+        self.enabled = True
+        self.log_n_tokens: int | None = None
+
+    def grid(self, image: torch.Tensor) -> tuple[int, int]:
+        """Patch grid of an image batch [B, C, H, W]; refuses sizes the patch size does not divide."""
+        h, w = image.shape[-2:]
+        ph, pw = self.patch_size
+        if h % ph or w % pw:
+            raise ValueError(f"input size {h}x{w} is not divisible by the patch size {ph}x{pw}")
+        return h // ph, w // pw
+
+    def _per_layer(self, grid: tuple[int, int], device: torch.device) -> list[object]:
+        if self.attention is None or not self.enabled:
+            return [None] * self.depth
+        if isinstance(self.attention, nn.ModuleList):
+            return [m(grid, device) for m in self.attention]
+        return [self.attention(grid, device)] * self.depth
+
+    def context(
+        self, grid: tuple[int, int], device: torch.device, user_mask: torch.Tensor | None = None
+    ) -> PositionContext:
+        """Rotations and masks for every layer, from the grid alone (computed once per forward)."""
+        p = self.num_prefix_tokens
+        user = as_float_mask(user_mask, torch.float32)
+        outputs = self._per_layer(grid, device)
+        logit_scale = self.logit_scale(grid)
+        if self.attention_kind == "rotary":
+            rotary = tuple(r.with_prefix(p) if r is not None else None for r in outputs)
+            return PositionContext(rotary, (user,) * self.depth, logit_scale)
+        masks = []
+        for bias in outputs:
+            if bias is None:
+                masks.append(user)
+                continue
+            bias = F.pad(bias, (p, 0, p, 0))  # prefix rows and columns: zero bias
+            masks.append(bias if user is None else bias + user)
+        return PositionContext((None,) * self.depth, tuple(masks), logit_scale)
+
+    def logit_scale(self, grid: tuple[int, int]) -> float:
+        """log-n attention scaling: logits x max(1, ln N / ln N_train) for N patch tokens, so attention
+        keeps its sharpness (entropy) when a larger grid spreads it over more keys."""
+        if self.log_n_tokens is None:
+            return 1.0
+        return max(1.0, math.log(grid[0] * grid[1]) / math.log(self.log_n_tokens))
+
+    def add_to_patches(self, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+        """x [B, H*W, C] (patch tokens only) + the additive table, if any."""
+        if self.additive is None or not self.enabled:
+            return x
+        return x + self.additive(grid, x.device).to(x.dtype)
+
+    def add_to_prefix(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Prefix tokens [B, P, C] + the additive scheme's prefix rows (``prefix`` [P, C]), if it has them."""
+        embed = getattr(self.additive, "prefix", None)
+        if embed is None or not self.enabled:
+            return tokens
+        return tokens + embed.to(tokens.dtype)
+
+    def extra_repr(self) -> str:
+        return f"depth={self.depth}, num_prefix_tokens={self.num_prefix_tokens}, enabled={self.enabled}"

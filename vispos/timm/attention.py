@@ -1,0 +1,104 @@
+"""The attention of a patched timm block: timm's projections, vispos's positions, SDPA."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from timm.layers import AttentionRope
+from timm.models.eva import EvaAttention
+from timm.models.vision_transformer import Attention as TimmAttention
+
+from ..attention import sdpa
+from ..positions import PositionContext
+
+SUPPORTED_ATTENTION: tuple[type, ...] = (TimmAttention, AttentionRope, EvaAttention)
+
+# Projection submodules and parameters a timm attention family may have; None where it has not:
+# a fused ``qkv`` (all), Eva's separate ``q_bias``/``k_bias``/``v_bias``, separate ``q_proj``/``k_proj``/
+# ``v_proj`` (Eva and AttentionRope without fused qkv), an output ``gate``.
+_OPTIONAL = ("qkv", "q_proj", "k_proj", "v_proj", "q_bias", "k_bias", "v_bias", "gate")
+
+
+class PatchedAttention(torch.nn.Module):
+    """Drop-in for timm's ``Attention``, ``AttentionRope`` and ``EvaAttention`` that applies vispos's positions.
+
+    It adopts the original module's submodules, parameters and buffers under their original names, so
+    the state dict keys and tensors (``qkv``, ``q_norm``, ``k_norm``, ``proj``, Eva's ``q_bias``...) are
+    the same objects as before. Blocks hand it a ``PositionContext`` through their ``attn_mask`` argument.
+    """
+
+    def __init__(self, original: torch.nn.Module, layer_idx: int) -> None:
+        super().__init__()
+        if not isinstance(original, SUPPORTED_ATTENTION):
+            names = ", ".join(c.__name__ for c in SUPPORTED_ATTENTION)
+            raise TypeError(f"attention {type(original).__name__} is not supported; supported: {names}")
+        persistent = set(original.state_dict(keep_vars=True))
+        for name, child in original.named_children():
+            self.add_module(name, child)
+        for name, param in original.named_parameters(recurse=False):
+            self.register_parameter(name, param)
+        for name, buf in original.named_buffers(recurse=False):
+            self.register_buffer(name, buf, persistent=name in persistent)
+        for name in _OPTIONAL:
+            if not hasattr(self, name):
+                setattr(self, name, None)
+        self.num_heads: int = original.num_heads
+        self.num_kv_heads: int = getattr(original, "num_kv_heads", original.num_heads)  # AttentionRope (GQA)
+        self.head_dim: int = original.head_dim
+        self.scale: float = original.scale
+        self.fused_attn: bool = original.fused_attn
+        self.qkv_bias_separate: bool = getattr(original, "qkv_bias_separate", False)  # EvaAttention
+        self.layer_idx = layer_idx
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [B, N, C] -> q, k, v [B, heads, N, head_dim], exactly as timm computes them."""
+        b, n, _ = x.shape
+        if self.qkv is not None:
+            if self.q_bias is None:
+                qkv = self.qkv(x)
+            else:
+                bias = torch.cat((self.q_bias, self.k_bias, self.v_bias))
+                qkv = self.qkv(x) + bias if self.qkv_bias_separate else F.linear(x, self.qkv.weight, bias)
+            return qkv.reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        q = self.q_proj(x).reshape(b, n, self.num_heads, self.head_dim).transpose(1, 2)
+        k, v = (
+            p(x).reshape(b, n, self.num_kv_heads, self.head_dim).transpose(1, 2) for p in (self.k_proj, self.v_proj)
+        )
+        if self.num_kv_heads != self.num_heads:  # grouped-query attention: share each k/v head
+            groups = self.num_heads // self.num_kv_heads
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        return q, k, v
+
+    def positioned(
+        self, x: torch.Tensor, attn_mask: object = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float, torch.Tensor | None]:
+        """What this layer feeds to SDPA for tokens x [B, N, C]: q and k with positions applied, v
+        (each [B, heads, N, head_dim]), the logit scale and the additive mask. ``forward`` and the
+        diagnostics (``vispos.diagnostics.layer_logits``) both call it, so they cannot disagree."""
+        q, k, v = self.project(x)
+        q, k = self.q_norm(q), self.k_norm(k)
+        if not isinstance(attn_mask, PositionContext):
+            return q, k, v, self.scale, attn_mask
+        rotary = attn_mask.rotary[self.layer_idx]
+        if rotary is not None:
+            q, k = rotary.rotate(q, k)
+        return q, k, v, self.scale * attn_mask.logit_scale, attn_mask.masks[self.layer_idx]
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        attn_mask: object = None,
+        is_causal: bool = False,
+        rope: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        if rope is not None:
+            raise ValueError("a vispos-patched attention takes its positions from vispos, not from rope=")
+        b, n, _ = x.shape
+        gate = self.gate(x).sigmoid() if self.gate is not None else None
+        q, k, v, scale, mask = self.positioned(x, attn_mask)
+        dropout_p = self.attn_drop.p if self.training else 0.0
+        out = sdpa(q, k, v, mask=mask, is_causal=is_causal, fused=self.fused_attn, scale=scale, dropout_p=dropout_p)
+        out = self.norm(out.transpose(1, 2).reshape(b, n, -1))
+        if gate is not None:
+            out = out * gate
+        return self.proj_drop(self.proj(out))

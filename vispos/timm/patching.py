@@ -1,0 +1,174 @@
+"""``vispos.patch(model, "rope2d")``: swap the positional scheme of a timm ViT.
+
+What changes on the one model it is given (never on timm's classes):
+
+- ``model.vispos`` (a ``Positions`` module) holds the scheme's modules and builds, once per forward
+  and from the actual patch grid, a ``PositionContext``: RoPE angles and attention biases per layer.
+- each ``blocks[i].attn`` becomes a ``PatchedAttention`` that adopts the original's weights.
+- ``_pos_embed``, ``forward_features`` and ``forward_intermediates`` are rebound on the instance: they
+  read the grid from the input, add additive tables, and hand the context to the blocks through the
+  ``attn_mask`` argument timm already forwards.
+- the patch embedding emits NHWC grids (timm's ``dynamic_img_size``), so any input divisible by the
+  patch size works.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import timm
+import torch
+from timm.layers import Format
+from timm.models.eva import Eva
+from timm.models.vision_transformer import VisionTransformer
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from .._validate import check_grid
+from ..positions import Positions
+from ..registry import SchemeInfo, build_in_context, get_info, list_encodings, split_options
+from .attention import SUPPORTED_ATTENTION, PatchedAttention
+
+SUPPORTED_MODELS: tuple[type, ...] = (VisionTransformer, Eva)
+PREFIX_TOKENS: tuple[str, ...] = ("cls_token", "dist_token", "reg_token")  # timm's order
+
+
+# --- the instance-bound replacements --------------------------------------------------------------
+
+
+def _pos_embed(self: nn.Module, x: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, None]:
+    """x [B, H, W, C] from the patch embedding -> tokens [B, P + H*W, C] with positions added."""
+    b, h, w, c = x.shape
+    pos: Positions = self.vispos
+    x = pos.add_to_patches(x.reshape(b, h * w, c), (h, w))
+    prefix = [t.expand(b, -1, -1) for t in (getattr(self, n, None) for n in PREFIX_TOKENS) if t is not None]
+    if prefix:
+        x = torch.cat((pos.add_to_prefix(torch.cat(prefix, dim=1)), x), dim=1)
+    x = self.pos_drop(x)
+    return (x, None) if isinstance(self, Eva) else x  # Eva's _pos_embed also returns its rope
+
+
+def _forward_features(
+    self: nn.Module, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False
+) -> torch.Tensor:
+    ctx = self.vispos.context(self.vispos.grid(x), x.device, attn_mask)
+    x = self.patch_embed(x)
+    x = self._pos_embed(x)
+    if isinstance(x, tuple):
+        x = x[0]
+    x = self.norm_pre(x)  # no patch dropout: patch() refuses models that use it
+    for blk in self.blocks:
+        if self.grad_checkpointing and torch.is_grad_enabled():
+            x = checkpoint(blk, x, attn_mask=ctx, is_causal=is_causal, use_reentrant=False)
+        else:
+            x = blk(x, attn_mask=ctx, is_causal=is_causal)
+    return self.norm(x)
+
+
+def _forward_intermediates(self: nn.Module, x: torch.Tensor, *args: Any, attn_mask=None, **kwargs: Any):
+    ctx = self.vispos.context(self.vispos.grid(x), x.device, attn_mask)
+    return type(self).forward_intermediates(self, x, *args, attn_mask=ctx, **kwargs)
+
+
+# --- patch ----------------------------------------------------------------------------------------
+
+
+def _resolve_schemes(pos: str | list[str] | tuple[str, ...]) -> tuple[SchemeInfo | None, SchemeInfo | None]:
+    names = [pos] if isinstance(pos, str) else list(pos) if isinstance(pos, (list, tuple)) else None
+    if not names or not all(isinstance(n, str) for n in names):
+        raise TypeError(f"pos must be a scheme name or a list of names, got {pos!r}")
+    infos = [get_info(n, ndim=2) for n in names]
+    additive = [i for i in infos if i.kind == "additive"]
+    attention = [i for i in infos if i.kind in ("rotary", "bias")]
+    if len(additive) > 1 or len(attention) > 1:
+        raise ValueError(
+            f"combine at most one additive scheme with one attention scheme, got {names}; "
+            f"additive: {', '.join(list_encodings(2, kind='additive'))}; "
+            f"attention: {', '.join(list_encodings(2, kind=('rotary', 'bias')))}"
+        )
+    return (additive[0] if additive else None), (attention[0] if attention else None)
+
+
+def _check_model(model: nn.Module) -> None:
+    if not isinstance(model, SUPPORTED_MODELS):
+        names = ", ".join(f"timm {c.__name__}" for c in SUPPORTED_MODELS)
+        raise TypeError(f"vispos.patch supports {names} (and subclasses such as DeiT); got {type(model).__name__}")
+    if hasattr(model, "vispos_cfg"):
+        raise ValueError(
+            "this model is already patched by vispos; patch a fresh model instead "
+            "(a patched model's weights load into a freshly patched one with load_state_dict)"
+        )
+    drop = getattr(model, "patch_drop", None)
+    if drop is not None and not isinstance(drop, nn.Identity) and getattr(drop, "prob", 0.0) > 0:
+        raise ValueError("patch dropout is enabled (patch_drop_rate > 0): positions would no longer match tokens")
+    for i, blk in enumerate(model.blocks):
+        if not isinstance(blk.attn, SUPPORTED_ATTENTION):
+            names = ", ".join(c.__name__ for c in SUPPORTED_ATTENTION)
+            raise TypeError(f"block {i} has attention {type(blk.attn).__name__}; supported: {names}")
+
+
+def _build(info: SchemeInfo, context: dict[str, Any], options: dict[str, Any], copies: int) -> nn.Module:
+    if info.per_layer:
+        return nn.ModuleList(build_in_context(info, context, options) for _ in range(copies))
+    return build_in_context(info, context, options)
+
+
+def patch(model: nn.Module, pos: str | list[str] | tuple[str, ...], **options: Any) -> nn.Module:
+    """Give a timm ViT the positional scheme ``pos`` (one name, or an additive + an attention scheme).
+
+    In place; returns the model. Scheme options (``theta``, ``coords``, ``scaling``...) go to the
+    scheme that accepts them; what the model determines (widths, heads, grid) is not an option.
+    The model then runs at any input size divisible by its patch size. Patching twice is refused:
+    patch a fresh model and load the weights instead.
+    """
+    _check_model(model)
+    additive, attention = _resolve_schemes(pos)
+    used = [i for i in (additive, attention) if i is not None]
+    per_scheme = dict(zip([i.name for i in used], split_options(used, options), strict=True))
+    grid = check_grid(tuple(model.patch_embed.grid_size))
+    attn0 = model.blocks[0].attn
+    depth = len(model.blocks)
+    context = {"num_heads": attn0.num_heads, "train_grid": grid}
+
+    add_module = None
+    if additive is not None:
+        table_prefix = 0 if model.no_embed_class else model.num_prefix_tokens  # prefix rows of timm's table
+        add_context = context | {"dim": model.embed_dim, "num_prefix_tokens": table_prefix}
+        add_module = _build(additive, add_context, per_scheme[additive.name], depth)
+        adopt = getattr(add_module, "adopt_pos_embed", None)  # start from the model's own table
+        if adopt is not None and getattr(model, "pos_embed", None) is not None:
+            adopt(model.pos_embed)
+    att_module = None
+    if attention is not None:
+        att_module = _build(attention, context | {"dim": attn0.head_dim}, per_scheme[attention.name], depth)
+
+    model.vispos = Positions(
+        additive=add_module,
+        attention=att_module,
+        attention_kind=attention.kind if attention is not None else "none",
+        depth=depth,
+        num_prefix_tokens=model.num_prefix_tokens,
+        patch_size=tuple(model.patch_embed.patch_size),
+        train_grid=grid,
+    )
+    model.pos_embed = None
+    if isinstance(model, Eva):
+        model.rope, model.rope_mixed = None, False
+    for i, blk in enumerate(model.blocks):
+        blk.attn = PatchedAttention(blk.attn, layer_idx=i)
+    pe = model.patch_embed
+    pe.flatten, pe.output_fmt, pe.strict_img_size, pe.dynamic_img_pad = False, Format.NHWC, False, False
+    model.dynamic_img_size = True
+    model._pos_embed = types.MethodType(_pos_embed, model)
+    model.forward_features = types.MethodType(_forward_features, model)
+    model.forward_intermediates = types.MethodType(_forward_intermediates, model)
+    model.vispos_cfg = {"pos": [i.name for i in used] or ["nope"], "options": dict(options), "train_grid": grid}
+    return model
+
+
+def create_model(
+    model_name: str, *, pos: str | list[str], pos_options: dict[str, Any] | None = None, **timm_kwargs: Any
+) -> nn.Module:
+    """``timm.create_model(model_name, **timm_kwargs)`` followed by ``patch(model, pos, **pos_options)``."""
+    return patch(timm.create_model(model_name, **timm_kwargs), pos, **(pos_options or {}))
