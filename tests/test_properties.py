@@ -33,8 +33,8 @@ N_1D = 12
 SEEDS = (0, 1, 2)
 FP = 1e-4  # "zero" to floating-point precision: the rotations and biases are computed in fp32
 CLEAR = 1e-2  # "clearly above zero"
-RELATIVE_2D = ("rope2d", "rope2d_mixed", "relbias2d", "cpb2d", "alibi2d")
-ABSOLUTE_2D = ("sincos2d", "learned2d")
+# from the registry's declared properties, so a new scheme is covered without editing this file
+RELATIVE_2D = tuple(n for n in vispos.list_encodings(ndim=2) if vispos.get_info(n, 2).relative)
 
 
 @torch.no_grad()

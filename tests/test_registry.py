@@ -198,7 +198,7 @@ def throwaway_scheme():
     """A scheme written the way a newcomer would (one class, one decorator), removed afterwards."""
 
     @register(
-        "halfgrid2d", ndim=2, kind="bias", acts_on="attention logits", trainable=False, relative=True,
+        "halfgrid2d", ndim=2, kind="bias", trainable=False, relative=True,
         extrapolation="any grid", summary="test: -strength * |dx| on every head", context=("num_heads",),
     )
     class HalfGrid(torch.nn.Module):

@@ -16,6 +16,14 @@ def check_int(name: str, value: object, *, minimum: int | None = None) -> int:
     return value
 
 
+def check_dim(dim: object, multiple: int, scheme: str, *, what: str = "head dimension") -> int:
+    """A channel count the scheme splits into ``multiple`` equal parts (rotary pairs, sin/cos per axis)."""
+    dim = check_int(f"dim ({what})", dim, minimum=multiple)
+    if dim % multiple:
+        raise ValueError(f"{scheme} needs a {what} divisible by {multiple}, got {dim}")
+    return dim
+
+
 def check_float(name: str, value: object, *, minimum: float | None = None, positive: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")

@@ -16,7 +16,15 @@ from typing import Literal, TypeVar
 from torch import nn
 
 Kind = Literal["additive", "rotary", "bias", "relative_kv", "none"]
-KINDS: tuple[str, ...] = ("additive", "rotary", "bias", "relative_kv", "none")
+# How each kind enters a transformer (also the "acts on" column of the property table).
+ACTS_ON: dict[str, str] = {
+    "additive": "embedding (added)",
+    "rotary": "q, k",
+    "bias": "attention logits",
+    "relative_kv": "q.k and value sum",
+    "none": "-",
+}
+KINDS: tuple[str, ...] = tuple(ACTS_ON)
 
 # What a host injects into a scheme's constructor, by name; each scheme declares the subset it takes.
 CONTEXT: dict[str, str] = {
@@ -37,7 +45,6 @@ class SchemeInfo:
     name: str
     ndim: int  # 1: token sequences, 2: patch grids
     kind: Kind  # how it enters attention; hosts dispatch on this
-    acts_on: str  # human-readable: "embedding", "q, k", "attention logits", ...
     trainable: bool
     relative: bool  # logits between tokens depend only on their offset
     extrapolation: str  # what happens beyond the training length / grid
@@ -61,6 +68,10 @@ class SchemeInfo:
             raise ValueError(f"{self.name!r} declares context {', '.join(missing)} that its builder does not take")
 
     @property
+    def acts_on(self) -> str:
+        return ACTS_ON[self.kind]
+
+    @property
     def options(self) -> list[str]:
         """The keyword options a user may set (the builder's parameters less the injected context)."""
         return [p for p in _parameters(self.builder) if p not in self.context]
@@ -79,7 +90,6 @@ def register(
     *,
     ndim: int,
     kind: Kind,
-    acts_on: str,
     trainable: bool,
     relative: bool,
     extrapolation: str,
@@ -93,7 +103,7 @@ def register(
 
     def add(cls: M) -> M:
         info = SchemeInfo(
-            name, ndim, kind, acts_on, trainable, relative, extrapolation, summary, builder=cls, context=context,
+            name, ndim, kind, trainable, relative, extrapolation, summary, builder=cls, context=context,
             per_layer=per_layer, scalable=scalable, reference=reference,
         )  # fmt: skip
         slot = _REGISTRY.setdefault(name, {})

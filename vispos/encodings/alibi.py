@@ -32,11 +32,9 @@ def causal_mask(n: int, device: torch.device | None = None) -> torch.Tensor:
     return torch.full((n, n), float("-inf"), device=device).triu(1)
 
 
-@register(
-    "alibi", ndim=1, kind="bias", acts_on="attention logits", trainable=False, relative=True,
-    extrapolation="good (train short, test long)", summary="linear distance penalty, geometric slopes",
-    context=("num_heads", "causal"), reference="Press et al. 2022",
-)
+@register("alibi", ndim=1, kind="bias", trainable=False, relative=True, context=("num_heads", "causal"),
+    summary="linear distance penalty, geometric slopes", extrapolation="good (train short, test long)",
+    reference="Press et al. 2022")
 class Alibi(nn.Module):
     """1D ALiBi. Symmetric form: -m |i - j|. ``causal=True`` also masks future keys (-inf above the
     diagonal); on the visible keys both forms give -m (i - j)."""
@@ -57,11 +55,9 @@ class Alibi(nn.Module):
         return bias
 
 
-@register(
-    "alibi2d", ndim=2, kind="bias", acts_on="attention logits", trainable=False, relative=True,
-    extrapolation="any grid (distance penalty)", summary="ALiBi on the Euclidean patch distance, per-head slopes",
-    context=("num_heads",), reference="Press et al. 2022 (ALiBi), 2D form",
-)
+@register("alibi2d", ndim=2, kind="bias", trainable=False, relative=True, context=("num_heads",),
+    summary="ALiBi on the Euclidean patch distance, per-head slopes", extrapolation="any grid (distance penalty)",
+    reference="Press et al. 2022 (ALiBi), 2D form")
 class Alibi2d(nn.Module):
     """ALiBi on the Euclidean distance between patches: -m_h * sqrt(dy^2 + dx^2)."""
 

@@ -32,11 +32,9 @@ def resample_table_2d(table: torch.Tensor, grid: tuple[int, int]) -> torch.Tenso
     return out[0].permute(1, 2, 0).to(table.dtype)
 
 
-@register(
-    "learned1d", ndim=1, kind="additive", acts_on="embedding (added)", trainable=True, relative=False,
-    extrapolation="none past max_len (error, clamp or interpolate: explicit)", summary="learned absolute table",
-    context=("dim",), reference="Devlin et al. 2019 (BERT)",
-)
+@register("learned1d", ndim=1, kind="additive", trainable=True, relative=False, context=("dim",),
+    summary="learned absolute table", extrapolation="none past max_len (error, clamp or interpolate: explicit)",
+    reference="Devlin et al. 2019 (BERT)")
 class Learned1d(nn.Module):
     """A trainable [max_len, dim] table. Beyond ``max_len`` it must be told what to do (``out_of_range``):
     ``error`` (default), ``clamp`` (reuse the last row) or ``interpolate`` (stretch the table linearly).
@@ -68,13 +66,11 @@ class Learned1d(nn.Module):
         return stretched[0].T.to(self.table.dtype)[positions]
 
 
-@register(
-    "learned2d", ndim=2, kind="additive", acts_on="embedding (added)", trainable=True, relative=False,
-    extrapolation="table resampled (bicubic, antialias)",
-    summary="learnable (H, W, d) table; optional row + column form (NaViT)",
+@register("learned2d", ndim=2, kind="additive", trainable=True, relative=False,
     context=("dim", "train_grid", "num_prefix_tokens"),
-    reference="Dosovitskiy et al. 2021 (ViT); Dehghani et al. 2023 (NaViT)",
-)
+    summary="learnable (H, W, d) table; optional row + column form (NaViT)",
+    extrapolation="table resampled (bicubic, antialias)",
+    reference="Dosovitskiy et al. 2021 (ViT); Dehghani et al. 2023 (NaViT)")
 class Learned2d(nn.Module):
     """A trainable [H, W, dim] table for the training grid (ViT), resampled bicubically at other grids.
 

@@ -7,15 +7,10 @@ from torch import nn
 from ..registry import register
 
 
-@register(
-    "nope", ndim=1, kind="none", acts_on="-", trainable=False, relative=False,
-    extrapolation="task-dependent (causal mask carries order)", summary="no positional information",
-    reference="Kazemnejad et al. 2023",
-)
-@register(
-    "nope", ndim=2, kind="none", acts_on="-", trainable=False, relative=False,
-    extrapolation="nothing to extrapolate", summary="no positional information",
-)
+@register("nope", ndim=1, kind="none", trainable=False, relative=False, summary="no positional information",
+    extrapolation="task-dependent (causal mask carries order)", reference="Kazemnejad et al. 2023")
+@register("nope", ndim=2, kind="none", trainable=False, relative=False, summary="no positional information",
+    extrapolation="nothing to extrapolate")
 class NoPE(nn.Module):
     def __init__(self) -> None:
         super().__init__()

@@ -42,12 +42,9 @@ def resize_bias_table(table: torch.Tensor, old_grid: tuple[int, int], new_grid: 
     return out.reshape(heads, -1).T.to(table.dtype)
 
 
-@register(
-    "relbias2d", ndim=2, kind="bias", acts_on="attention logits", trainable=True, relative=True,
-    extrapolation="table resized (bicubic) to the new grid",
-    summary="Swin relative position bias: a ((2H-1)(2W-1), heads) table",
-    context=("num_heads", "train_grid"), per_layer=True, reference="Liu et al. 2021 (Swin)",
-)
+@register("relbias2d", ndim=2, kind="bias", trainable=True, relative=True, context=("num_heads", "train_grid"),
+    per_layer=True, summary="Swin relative position bias: a ((2H-1)(2W-1), heads) table",
+    extrapolation="table resized (bicubic) to the new grid", reference="Liu et al. 2021 (Swin)")
 class RelBias2d(nn.Module):
     """Swin relative position bias: one learned scalar per head for each (dy, dx) of the training grid."""
 
@@ -76,12 +73,9 @@ def log_spaced_offsets(grid: tuple[int, int], train_grid: tuple[int, int], devic
     return torch.sign(table) * torch.log2(table.abs() + 1.0) / math.log2(8)
 
 
-@register(
-    "cpb2d", ndim=2, kind="bias", acts_on="attention logits", trainable=True, relative=True,
-    extrapolation="continuous: the MLP is evaluated at new offsets",
-    summary="SwinV2 continuous bias: MLP on log-spaced (dy, dx), 16 sigmoid",
-    context=("num_heads", "train_grid"), per_layer=True, reference="Liu et al. 2022 (Swin V2)",
-)
+@register("cpb2d", ndim=2, kind="bias", trainable=True, relative=True, context=("num_heads", "train_grid"),
+    per_layer=True, summary="SwinV2 continuous bias: MLP on log-spaced (dy, dx), 16 sigmoid",
+    extrapolation="continuous: the MLP is evaluated at new offsets", reference="Liu et al. 2022 (Swin V2)")
 class ContinuousBias2d(nn.Module):
     """SwinV2 continuous position bias: an MLP on log-spaced (dy, dx), 16 * sigmoid. Extrapolates by design."""
 

@@ -19,7 +19,7 @@ import torch
 from einops import rearrange
 from torch import nn
 
-from .._validate import check_choice, check_float, check_grid, check_int, check_positions
+from .._validate import check_choice, check_dim, check_float, check_grid, check_int, check_positions
 from ..registry import register
 from .rope_scaling import RopeScaling, as_scaling, check_scaling_dim, rope_inv_freq, scaled_inv_freq
 
@@ -90,24 +90,15 @@ class Rotary:
         return Rotary(cos, sin, self.layout, pad(self.q_scale, 1.0), pad(self.k_scale, 1.0), self.temperature)
 
 
-def _check_dim(dim: object, multiple: int, scheme: str) -> int:
-    dim = check_int("dim (head dimension)", dim, minimum=multiple)
-    if dim % multiple:
-        raise ValueError(f"{scheme} needs a head dimension divisible by {multiple}, got {dim}")
-    return dim
-
-
 def rope_angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
     """positions [..., N] x inv_freq [F] -> angles [..., N, F] in fp32."""
     return positions.float()[..., None] * inv_freq.to(positions.device)
 
 
-@register(
-    "rope", ndim=1, kind="rotary", acts_on="q, k", trainable=False, relative=True,
+@register("rope", ndim=1, kind="rotary", trainable=False, relative=True, context=("dim",), scalable=True,
+    summary="rotary, rotate-half or interleaved layout",
     extrapolation="poor unscaled; linear/ntk/dynamic_ntk/yarn/longrope scaling",
-    summary="rotary, rotate-half or interleaved layout", context=("dim",), scalable=True,
-    reference="Su et al. 2021 (RoFormer)",
-)
+    reference="Su et al. 2021 (RoFormer)")
 class Rope(nn.Module):
     """1D RoPE (Su et al. 2021) with optional scaling for sequences longer than training.
 
@@ -123,7 +114,7 @@ class Rope(nn.Module):
         scaling: RopeScaling | dict | str | None = None,
     ) -> None:
         super().__init__()
-        self.dim = _check_dim(dim, 2, "rope")
+        self.dim = check_dim(dim, 2, "rope")
         self.theta = check_float("theta", theta, positive=True)
         self.layout = check_choice("layout", layout, LAYOUTS)
         self._scaling: RopeScaling | None = None
@@ -175,12 +166,10 @@ def grid_coords(grid: tuple[int, int], coords: str, device: torch.device | None 
     return torch.stack((yy.flatten(), xx.flatten()), dim=-1)
 
 
-@register(
-    "rope2d", ndim=2, kind="rotary", acts_on="q, k", trainable=False, relative=True,
+@register("rope2d", ndim=2, kind="rotary", trainable=False, relative=True, context=("dim", "train_grid"),
+    scalable=True, summary="axial 2D RoPE: half the rotary pairs turn with x, half with y",
     extrapolation="unseen angles at pixel coords; linear/ntk/yarn scaling per axis; normalized coords",
-    summary="axial 2D RoPE: half the rotary pairs turn with x, half with y", context=("dim", "train_grid"),
-    scalable=True, reference="Heo et al. 2024 (RoPE-ViT); Simeoni et al. 2025 (DINOv3)",
-)
+    reference="Heo et al. 2024 (RoPE-ViT); Simeoni et al. 2025 (DINOv3)")
 class Rope2d(nn.Module):
     """Axial 2D RoPE: half the rotary pairs turn with x, half with y (rope-vit RoPE-Axial, theta 100).
 
@@ -201,7 +190,7 @@ class Rope2d(nn.Module):
         train_grid: tuple[int, int] | None = None,
     ) -> None:
         super().__init__()
-        self.dim = _check_dim(dim, 4, "rope2d")
+        self.dim = check_dim(dim, 4, "rope2d")
         self.theta = check_float("theta", theta, positive=True)
         self.coords = check_choice("coords", coords, COORDS)
         self.layout = check_choice("layout", layout, LAYOUTS)
@@ -252,12 +241,9 @@ class Rope2d(nn.Module):
         return f"dim={self.dim}, theta={self.theta}, coords={self.coords!r}, layout={self.layout!r}"
 
 
-@register(
-    "rope2d_mixed", ndim=2, kind="rotary", acts_on="q, k", trainable=True, relative=True,
-    extrapolation="best of the RoPE-ViT schemes above training size",
-    summary="RoPE-Mixed: learnable per-layer, per-head 2D frequencies", context=("dim", "num_heads"),
-    per_layer=True, reference="Heo et al. 2024 (RoPE-ViT)",
-)
+@register("rope2d_mixed", ndim=2, kind="rotary", trainable=True, relative=True, context=("dim", "num_heads"),
+    per_layer=True, summary="RoPE-Mixed: learnable per-layer, per-head 2D frequencies",
+    extrapolation="best of the RoPE-ViT schemes above training size", reference="Heo et al. 2024 (RoPE-ViT)")
 class Rope2dMixed(nn.Module):
     """RoPE-Mixed (Heo et al. 2024): learnable 2D frequency vectors per head (one module per layer).
 
@@ -278,7 +264,7 @@ class Rope2dMixed(nn.Module):
         rotate: bool = True,
     ) -> None:
         super().__init__()
-        self.dim = _check_dim(dim, 4, "rope2d_mixed")
+        self.dim = check_dim(dim, 4, "rope2d_mixed")
         self.num_heads = check_int("num_heads", num_heads, minimum=1)
         self.theta = check_float("theta", theta, positive=True)
         self.layout = check_choice("layout", layout, LAYOUTS)

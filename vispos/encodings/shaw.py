@@ -25,11 +25,9 @@ class ShawTables:
     value_table: torch.Tensor | None  # [2k + 1, head_dim]
 
 
-@register(
-    "shaw", ndim=1, kind="relative_kv", acts_on="q.k and value sum", trainable=True, relative=True,
-    extrapolation="offsets clipped at +-k", summary="Shaw clipped relative embeddings on keys and values",
-    context=("dim",), reference="Shaw et al. 2018",
-)
+@register("shaw", ndim=1, kind="relative_kv", trainable=True, relative=True, context=("dim",),
+    summary="Shaw clipped relative embeddings on keys and values", extrapolation="offsets clipped at +-k",
+    reference="Shaw et al. 2018")
 class ShawRelative(nn.Module):
     def __init__(self, *, dim: int, max_distance: int = 16, values: bool = True, init_std: float = 0.02) -> None:
         super().__init__()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .._validate import check_float, check_grid, check_int, check_positions
+from .._validate import check_dim, check_float, check_grid, check_positions
 from ..registry import register
 
 
@@ -32,38 +32,37 @@ def sincos_2d(
     )
 
 
-@register(
-    "sincos1d", ndim=1, kind="additive", acts_on="embedding (added)", trainable=False, relative=False,
-    extrapolation="formula defined anywhere; poor in practice", summary="Vaswani sinusoidal",
-    context=("dim",), reference="Vaswani et al. 2017",
-)
+@register("sincos1d", ndim=1, kind="additive", trainable=False, relative=False, context=("dim",),
+    summary="Vaswani sinusoidal", extrapolation="formula defined anywhere; poor in practice",
+    reference="Vaswani et al. 2017")
 class SinCos1d(nn.Module):
+    """The fixed table for token positions; ``dim`` splits into a sin and a cos per frequency."""
+
+    splits = 2  # channels per frequency (sin, cos); SinCos2d also halves them per axis
+
     def __init__(self, *, dim: int, temperature: float = 1e4) -> None:
         super().__init__()
-        self.dim = check_int("dim", dim, minimum=2)
-        if dim % 2:
-            raise ValueError(f"sincos1d needs an even dim, got {dim}")
+        self.dim = check_dim(dim, self.splits, self.scheme_name, what="token width")
         self.temperature = check_float("temperature", temperature, positive=True)
+
+    @property
+    def scheme_name(self) -> str:
+        return type(self).__name__.lower()
 
     def forward(self, positions: torch.Tensor | int) -> torch.Tensor:
         """-> [(B,) N, dim] fp32, to add to the token embeddings."""
         return sincos_1d(check_positions(positions), self.dim, self.temperature)
 
 
-@register(
-    "sincos2d", ndim=2, kind="additive", acts_on="embedding (added)", trainable=False, relative=False,
-    extrapolation="any grid (formula); unseen absolute positions",
+@register("sincos2d", ndim=2, kind="additive", trainable=False, relative=False, context=("dim",),
     summary="fixed 2D sin-cos, x and y on half the channels each (MAE)",
-    context=("dim",), reference="Vaswani et al. 2017; He et al. 2022 (MAE)",
-)
-class SinCos2d(nn.Module):
-    def __init__(self, *, dim: int, temperature: float = 1e4) -> None:
-        super().__init__()
-        self.dim = check_int("dim", dim, minimum=4)
-        if dim % 4:
-            raise ValueError(f"sincos2d needs dim divisible by 4 (sin and cos per axis), got {dim}")
-        self.temperature = check_float("temperature", temperature, positive=True)
+    extrapolation="any grid (formula); unseen absolute positions",
+    reference="Vaswani et al. 2017; He et al. 2022 (MAE)")
+class SinCos2d(SinCos1d):
+    """The fixed table for a patch grid: x on the first half of the channels, y on the second."""
 
-    def forward(self, grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
+    splits = 4  # a sin and a cos per frequency, per axis
+
+    def forward(self, grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:  # type: ignore[override]
         """-> [H*W, dim] fp32."""
         return sincos_2d(check_grid(grid), self.dim, self.temperature, device)

@@ -33,11 +33,9 @@ def t5_bucket(
     return bucket + torch.where(n < max_exact, n, log_bucket)
 
 
-@register(
-    "t5", ndim=1, kind="bias", acts_on="attention logits", trainable=True, relative=True,
-    extrapolation="far offsets share the last bucket", summary="T5 log-bucket scalar bias",
-    context=("num_heads", "causal"), reference="Raffel et al. 2020 (T5)",
-)
+@register("t5", ndim=1, kind="bias", trainable=True, relative=True, context=("num_heads", "causal"),
+    summary="T5 log-bucket scalar bias", extrapolation="far offsets share the last bucket",
+    reference="Raffel et al. 2020 (T5)")
 class T5Bias(nn.Module):
     def __init__(
         self, *, num_heads: int, num_buckets: int = 32, max_distance: int = 128, causal: bool = False

@@ -10,9 +10,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .._validate import check_choice, check_float, check_positions
+from .._validate import check_choice, check_dim, check_float, check_positions
 from ..registry import register
-from .rope import LAYOUTS, Rotary, _check_dim, expand_angles, rope_angles
+from .rope import LAYOUTS, Rotary, expand_angles, rope_angles
 from .rope_scaling import rope_inv_freq
 
 
@@ -21,15 +21,13 @@ def xpos_zeta(dim: int) -> torch.Tensor:
     return (torch.arange(0, dim, 2, dtype=torch.float32) + 0.4 * dim) / (1.4 * dim)
 
 
-@register(
-    "xpos", ndim=1, kind="rotary", acts_on="q, k", trainable=False, relative=True,
-    extrapolation="better than RoPE (distance decay)", summary="RoPE with exponential decay (causal)",
-    context=("dim",), reference="Sun et al. 2022",
-)
+@register("xpos", ndim=1, kind="rotary", trainable=False, relative=True, context=("dim",),
+    summary="RoPE with exponential decay (causal)", extrapolation="better than RoPE (distance decay)",
+    reference="Sun et al. 2022")
 class XPos(nn.Module):
     def __init__(self, *, dim: int, theta: float = 10000.0, scale_base: float = 512.0, layout: str = "half") -> None:
         super().__init__()
-        self.dim = _check_dim(dim, 2, "xpos")
+        self.dim = check_dim(dim, 2, "xpos")
         self.theta = check_float("theta", theta, positive=True)
         self.scale_base = check_float("scale_base", scale_base, positive=True)
         self.layout = check_choice("layout", layout, LAYOUTS)
