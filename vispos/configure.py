@@ -16,7 +16,7 @@ from torch import nn
 from ._validate import check_bool, check_grid
 from .drope import set_enabled
 from .encodings.rope_scaling import RopeScaling
-from .positions import Positions
+from .positions import Positions, plain
 
 _KEEP: Any = object()  # "leave this setting as it is"
 
@@ -76,13 +76,12 @@ def configure(
             if log_n_attention and tokens < 2:
                 raise ValueError("log_n_attention needs a training grid of at least 2 patches")
             pos.log_n_tokens = tokens if log_n_attention else None
-    record = getattr(module, "vispos_cfg", None)  # a patched model's summary of its settings
-    if record is not None:
-        grid = grid or record["train_grid"]
+    for pos in positions:  # the patched model's record of its settings (saved with its weights)
         if scaling is not _KEEP:
-            record["scaling"] = None if scaling is None else {"scaling": scaling, "train_grid": grid, **scaling_options}
+            record = {"scaling": scaling, "train_grid": grid or pos.train_grid, **scaling_options}
+            pos.settings["scaling"] = None if scaling is None else plain(record)
         if log_n_attention is not None:
-            record["log_n_attention"] = log_n_attention
+            pos.settings["log_n_attention"] = log_n_attention
     return module
 
 

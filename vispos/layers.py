@@ -55,6 +55,12 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
         self.proj = nn.Linear(dim, dim)
 
+    def get_extra_state(self) -> dict[str, bool]:
+        return {"enabled": self.enabled}  # a DroPE-trained layer reloads with its positions off
+
+    def set_extra_state(self, state: dict[str, bool]) -> None:
+        self.enabled = state["enabled"]
+
     def forward(
         self, x: torch.Tensor, positions: torch.Tensor | None = None, attn_mask: torch.Tensor | None = None
     ) -> torch.Tensor:

@@ -8,7 +8,8 @@ additive masks, a logit scale). Hosts (the timm adapter) hand that context to th
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, is_dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -28,11 +29,31 @@ class PositionContext:
     logit_scale: float = 1.0  # extra temperature on every logit (log-n attention scaling)
 
 
+def plain(value: Any) -> Any:
+    """Settings as plain data (dicts, lists, numbers, strings), safe for ``torch.load(weights_only=True)``."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return plain(asdict(value))
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    return value
+
+
+def _describe(settings: dict[str, Any]) -> str:
+    options = ", ".join(f"{k}={v!r}" for k, v in sorted(settings["options"].items()))
+    h, w = settings["train_grid"]
+    return f"{' + '.join(settings['pos'])}({options}) at a {h}x{w} training grid"
+
+
 class Positions(nn.Module):
     """The positional scheme of a patched model: at most one additive and one attention scheme.
 
-    ``enabled`` switches the whole scheme off (DroPE) and back on; ``log_n_tokens`` is the training
-    token count while log-n attention scaling is on (``vispos.configure``).
+    ``settings`` says which schemes, with which options, at which training grid (and, once
+    ``vispos.configure`` has run, the inference settings). ``enabled`` switches the whole scheme off
+    (DroPE) and back on; ``log_n_tokens`` is the training token count while log-n attention scaling
+    is on. All of it is saved in the state dict and restored by ``load_state_dict``, which refuses a
+    checkpoint of another scheme, other options or another training grid.
     """
 
     def __init__(
@@ -43,8 +64,9 @@ class Positions(nn.Module):
         attention_kind: str,
         depth: int,
         num_prefix_tokens: int,
-        patch_size: tuple[int, int],
         train_grid: tuple[int, int],
+        schemes: list[str],
+        options: dict[str, Any],
     ) -> None:
         super().__init__()
         self.additive = additive
@@ -52,18 +74,25 @@ class Positions(nn.Module):
         self.attention_kind = attention_kind
         self.depth = depth
         self.num_prefix_tokens = num_prefix_tokens
-        self.patch_size = patch_size
         self.train_grid = check_grid(train_grid, "train_grid")
+        self.settings: dict[str, Any] = {"pos": list(schemes), "options": plain(options), "train_grid": self.train_grid}
         self.enabled = True
         self.log_n_tokens: int | None = None
 
-    def grid(self, image: torch.Tensor) -> tuple[int, int]:
-        """Patch grid of an image batch [B, C, H, W]; refuses sizes the patch size does not divide."""
-        h, w = image.shape[-2:]
-        ph, pw = self.patch_size
-        if h % ph or w % pw:
-            raise ValueError(f"input size {h}x{w} is not divisible by the patch size {ph}x{pw}")
-        return h // ph, w // pw
+    def get_extra_state(self) -> dict[str, Any]:
+        settings = {**self.settings, "train_grid": list(self.train_grid)}
+        return {"settings": plain(settings), "enabled": self.enabled, "log_n_tokens": self.log_n_tokens}
+
+    def set_extra_state(self, state: dict[str, Any]) -> None:
+        saved = {**state["settings"], "train_grid": tuple(state["settings"]["train_grid"])}
+        if any(saved[k] != self.settings[k] for k in ("pos", "options", "train_grid")):
+            raise ValueError(
+                f"the checkpoint's positions are {_describe(saved)}; this model's are {_describe(self.settings)}: "
+                "patch a fresh model the way the checkpoint's was patched, then load it"
+            )
+        self.settings = saved
+        self.enabled = state["enabled"]
+        self.log_n_tokens = state["log_n_tokens"]
 
     def _per_layer(self, grid: tuple[int, int], device: torch.device) -> list[object]:
         if self.attention is None or not self.enabled:

@@ -13,7 +13,7 @@ Angles are computed in fp32 and the rotated result is cast back to the input dty
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 
 import torch
 from einops import rearrange
@@ -134,6 +134,13 @@ class Rope(nn.Module):
         check_scaling_dim(scaling, self.dim)
         self._scaling = scaling
 
+    def get_extra_state(self) -> dict[str, object]:
+        """The scaling in use travels with the weights (plain data, loadable with ``weights_only=True``)."""
+        return {"scaling": None if self.scaling is None else asdict(self.scaling)}
+
+    def set_extra_state(self, state: dict[str, object]) -> None:
+        self.set_scaling(state["scaling"])
+
     def inv_freq(self, length: int) -> tuple[torch.Tensor, float]:
         return scaled_inv_freq(self.dim, self.theta, self.scaling, length)
 
@@ -219,6 +226,15 @@ class Rope2d(nn.Module):
         self.train_grid = train_grid
         self.scaling_y = None if scaling is None else replace(scaling, original_length=h0)
         self.scaling_x = None if scaling is None else replace(scaling, original_length=w0)
+
+    def get_extra_state(self) -> dict[str, object]:
+        """Training grid and scaling travel with the weights (plain data, loadable with ``weights_only=True``)."""
+        grid = None if self.train_grid is None else list(self.train_grid)
+        return {"train_grid": grid, "scaling": None if self.scaling_y is None else asdict(self.scaling_y)}
+
+    def set_extra_state(self, state: dict[str, object]) -> None:
+        grid = state["train_grid"]
+        self.set_scaling(state["scaling"], train_grid=None if grid is None else tuple(grid))
 
     def angles(self, grid: tuple[int, int], device: torch.device | None = None) -> tuple[torch.Tensor, float]:
         """Per-pair angles [H*W, dim/2] ((x pairs, then y pairs)) and the attention factor."""

@@ -3,72 +3,30 @@
 What changes on the one model it is given (never on timm's classes):
 
 - ``model.vispos`` (a ``Positions`` module) holds the scheme's modules and builds, once per forward
-  and from the actual patch grid, a ``PositionContext``: RoPE angles and attention biases per layer.
+  and from the actual token grid, a ``PositionContext``: RoPE angles and attention biases per layer.
 - each ``blocks[i].attn`` becomes a ``PatchedAttention`` that adopts the original's weights.
-- ``_pos_embed``, ``forward_features`` and ``forward_intermediates`` are rebound on the instance: they
-  read the grid from the input, add additive tables, and hand the context to the blocks through the
-  ``attn_mask`` argument timm already forwards.
-- the patch embedding emits NHWC grids (timm's ``dynamic_img_size``), so any input divisible by the
-  patch size works.
+- the model's class becomes ``patched_class(type(model))`` (``model.py``), whose ``_pos_embed``,
+  ``forward_features`` and ``forward_intermediates`` use those positions.
+- the patch embedding emits NHWC grids (timm's ``dynamic_img_size``), so any input it accepts works.
 """
 
 from __future__ import annotations
 
-import types
 from typing import Any
 
 import timm
-import torch
 from timm.layers import Format
 from timm.models.eva import Eva
 from timm.models.vision_transformer import VisionTransformer
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from .._validate import check_grid
 from ..positions import Positions
 from ..registry import SchemeInfo, build_in_context, get_info, list_encodings, split_options
 from .attention import SUPPORTED_ATTENTION, PatchedAttention
+from .model import PatchedViT, adopt_timm_checkpoint, patched_class
 
 SUPPORTED_MODELS: tuple[type, ...] = (VisionTransformer, Eva)
-PREFIX_TOKENS: tuple[str, ...] = ("cls_token", "dist_token", "reg_token")  # timm's order
-
-
-# --- the instance-bound replacements --------------------------------------------------------------
-
-
-def _pos_embed(self: nn.Module, x: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, None]:
-    """x [B, H, W, C] from the patch embedding -> tokens [B, P + H*W, C] with positions added."""
-    b, h, w, c = x.shape
-    pos: Positions = self.vispos
-    x = pos.add_to_patches(x.reshape(b, h * w, c), (h, w))
-    prefix = [t.expand(b, -1, -1) for t in (getattr(self, n, None) for n in PREFIX_TOKENS) if t is not None]
-    if prefix:
-        x = torch.cat((pos.add_to_prefix(torch.cat(prefix, dim=1)), x), dim=1)
-    x = self.pos_drop(x)
-    return (x, None) if isinstance(self, Eva) else x  # Eva's _pos_embed also returns its rope
-
-
-def _forward_features(
-    self: nn.Module, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False
-) -> torch.Tensor:
-    ctx = self.vispos.context(self.vispos.grid(x), x.device, attn_mask)
-    x = self.patch_embed(x)
-    x = self._pos_embed(x)
-    if isinstance(x, tuple):
-        x = x[0]
-    x = self.norm_pre(x)  # no patch dropout: patch() refuses models that use it
-    for blk in self.blocks:
-        if self.grad_checkpointing and torch.is_grad_enabled():
-            x = checkpoint(blk, x, attn_mask=ctx, is_causal=is_causal, use_reentrant=False)
-        else:
-            x = blk(x, attn_mask=ctx, is_causal=is_causal)
-    return self.norm(x)
-
-
-def _forward_intermediates(self: nn.Module, x: torch.Tensor, *args: Any, attn_mask=None, **kwargs: Any):
-    ctx = self.vispos.context(self.vispos.grid(x), x.device, attn_mask)
-    return type(self).forward_intermediates(self, x, *args, attn_mask=ctx, **kwargs)
 
 
 # --- patch ----------------------------------------------------------------------------------------
@@ -94,7 +52,7 @@ def _check_model(model: nn.Module) -> None:
     if not isinstance(model, SUPPORTED_MODELS):
         names = ", ".join(f"timm {c.__name__}" for c in SUPPORTED_MODELS)
         raise TypeError(f"vispos.patch supports {names} (and subclasses such as DeiT); got {type(model).__name__}")
-    if hasattr(model, "vispos_cfg"):
+    if isinstance(model, PatchedViT):
         raise ValueError(
             "this model is already patched by vispos; patch a fresh model instead "
             "(a patched model's weights load into a freshly patched one with load_state_dict)"
@@ -149,8 +107,9 @@ def patch(model: nn.Module, pos: str | list[str] | tuple[str, ...], **options: A
         attention_kind=attention.kind if attention is not None else "none",
         depth=depth,
         num_prefix_tokens=model.num_prefix_tokens,
-        patch_size=tuple(model.patch_embed.patch_size),
         train_grid=grid,
+        schemes=[i.name for i in used] or ["nope"],
+        options=options,
     )
     model.pos_embed = None
     if isinstance(model, Eva):
@@ -158,12 +117,10 @@ def patch(model: nn.Module, pos: str | list[str] | tuple[str, ...], **options: A
     for i, blk in enumerate(model.blocks):
         blk.attn = PatchedAttention(blk.attn, layer_idx=i)
     pe = model.patch_embed
-    pe.flatten, pe.output_fmt, pe.strict_img_size, pe.dynamic_img_pad = False, Format.NHWC, False, False
+    pe.flatten, pe.output_fmt, pe.strict_img_size = False, Format.NHWC, False  # dynamic_img_pad stays as it was
     model.dynamic_img_size = True
-    model._pos_embed = types.MethodType(_pos_embed, model)
-    model.forward_features = types.MethodType(_forward_features, model)
-    model.forward_intermediates = types.MethodType(_forward_intermediates, model)
-    model.vispos_cfg = {"pos": [i.name for i in used] or ["nope"], "options": dict(options), "train_grid": grid}
+    model.__class__ = patched_class(type(model))
+    model.register_load_state_dict_pre_hook(adopt_timm_checkpoint)
     return model
 
 

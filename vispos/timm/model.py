@@ -1,0 +1,131 @@
+"""The class a patched timm ViT takes: the model's own class with vispos's forward on top.
+
+``patch`` sets ``model.__class__`` to ``patched_class(type(model))``, a subclass made once per timm
+class (timm's classes themselves are never modified). Its methods read the grid from the input,
+build the ``PositionContext`` once per forward and hand it to the blocks through the ``attn_mask``
+argument timm already forwards. Being a real class (not methods bound on the instance), a patched
+model survives ``copy.deepcopy``, pickling, ``torch.save(model)`` / ``torch.load`` and spawned
+workers: pickle finds the class by name in this module, which recreates it on demand.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import torch
+from timm.models.eva import Eva
+from torch.utils.checkpoint import checkpoint
+
+from ..positions import PositionContext, Positions
+
+PREFIX_TOKENS: tuple[str, ...] = ("cls_token", "dist_token", "reg_token")  # timm's order
+
+
+class PatchedViT:
+    """Mixin placed before the timm class: positions from ``self.vispos`` instead of timm's own."""
+
+    vispos: Positions
+
+    @property
+    def vispos_cfg(self) -> dict[str, Any]:
+        """The positional settings: schemes, options, training grid, and what ``vispos.configure`` set."""
+        return self.vispos.settings
+
+    def vispos_grid(self, image: torch.Tensor) -> tuple[int, int]:
+        """The token grid the patch embedding makes of an image batch [B, C, H, W]."""
+        h, w = image.shape[-2:]
+        pe = self.patch_embed
+        if not pe.dynamic_img_pad:
+            sh, sw = pe.feat_ratio(as_scalar=False)  # pixels per token (hybrids: backbone stride x patch)
+            if h % sh or w % sw:
+                raise ValueError(f"input size {h}x{w} is not divisible by the patch size {sh}x{sw}")
+        gh, gw = pe.dynamic_feat_size((h, w))
+        return gh, gw
+
+    def vispos_context(self, image: torch.Tensor, attn_mask: torch.Tensor | None = None) -> PositionContext:
+        return self.vispos.context(self.vispos_grid(image), image.device, attn_mask)
+
+    def _pos_embed(self, x: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, None]:
+        """x [B, H, W, C] from the patch embedding -> tokens [B, P + H*W, C] with positions added."""
+        b, h, w, c = x.shape
+        x = self.vispos.add_to_patches(x.reshape(b, h * w, c), (h, w))
+        prefix = [t.expand(b, -1, -1) for t in (getattr(self, n, None) for n in PREFIX_TOKENS) if t is not None]
+        if prefix:
+            x = torch.cat((self.vispos.add_to_prefix(torch.cat(prefix, dim=1)), x), dim=1)
+        x = self.pos_drop(x)
+        return (x, None) if isinstance(self, Eva) else x  # Eva's _pos_embed also returns its rope
+
+    def forward_features(
+        self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False
+    ) -> torch.Tensor:
+        ctx = self.vispos_context(x, attn_mask)
+        x = self.patch_embed(x)
+        x = self._pos_embed(x)
+        if isinstance(x, tuple):
+            x = x[0]
+        x = self.norm_pre(x)  # no patch dropout: patch() refuses models that use it
+        for blk in self.blocks:
+            if self.grad_checkpointing and torch.is_grad_enabled():
+                x = checkpoint(blk, x, attn_mask=ctx, is_causal=is_causal, use_reentrant=False)
+            else:
+                x = blk(x, attn_mask=ctx, is_causal=is_causal)
+        return self.norm(x)
+
+    def forward_intermediates(self, x: torch.Tensor, *args: Any, attn_mask=None, **kwargs: Any):  # noqa: ANN001
+        return super().forward_intermediates(x, *args, attn_mask=self.vispos_context(x, attn_mask), **kwargs)
+
+
+def adopt_timm_checkpoint(model: PatchedViT, state_dict: dict[str, Any], prefix: str, *_: Any) -> None:
+    """``load_state_dict`` pre-hook: a plain timm checkpoint (no vispos entries) keeps its learned
+    ``pos_embed`` when the scheme can hold it (learned2d adopts it); otherwise loading is refused
+    rather than dropping it silently. The model's own vispos settings stay."""
+    if any(k.startswith(f"{prefix}vispos.") for k in state_dict):
+        return  # a vispos checkpoint: its settings are checked by Positions.set_extra_state
+    state_dict[f"{prefix}vispos._extra_state"] = model.vispos.get_extra_state()
+    table = state_dict.pop(f"{prefix}pos_embed", None)
+    if table is None:
+        return
+    additive = model.vispos.additive
+    adopt = getattr(additive, "adopt_pos_embed", None)
+    if adopt is None or not adopt(table):
+        raise ValueError(
+            f"this checkpoint holds timm's own pos_embed {tuple(table.shape)}, which this model "
+            f"({_scheme_names(model)}) has no place for: load the checkpoint before patching "
+            "(model.load_state_dict(...), then vispos.patch(model, ...)), or patch with learned2d to keep it"
+        )
+    for key, value in additive.state_dict().items():  # the adopted table, under the patched model's keys
+        state_dict[f"{prefix}vispos.additive.{key}"] = value
+
+
+def _scheme_names(model: PatchedViT) -> str:
+    return " + ".join(model.vispos.settings["pos"])
+
+
+_CLASSES: dict[type, type] = {}
+_PREFIX = "Patched["
+
+
+def _pickle_name(base: type) -> str:
+    """A name without dots (pickle splits on them) that says which timm class to rebuild."""
+    return f"{_PREFIX}{base.__module__.replace('.', '/')}:{base.__qualname__.replace('.', '/')}]"
+
+
+def patched_class(base: type) -> type:
+    """The patched subclass of ``base`` (one per class, so pickle finds the very same object)."""
+    cls = _CLASSES.get(base)
+    if cls is None:
+        name = _pickle_name(base)
+        cls = type(base.__name__, (PatchedViT, base), {"__module__": __name__, "__qualname__": name})
+        _CLASSES[base] = cls
+    return cls
+
+
+def __getattr__(name: str) -> type:  # module attribute lookup: how pickle finds a patched class
+    if not (name.startswith(_PREFIX) and name.endswith("]")):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, qualname = name[len(_PREFIX) : -1].split(":")
+    base: Any = importlib.import_module(module.replace("/", "."))
+    for part in qualname.split("/"):
+        base = getattr(base, part)
+    return patched_class(base)
