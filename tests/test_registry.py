@@ -291,3 +291,14 @@ def test_describe_command_prints_every_scheme() -> None:
     assert listed == expected
     for scaling in ("linear", "ntk", "dynamic_ntk", "yarn", "longrope"):
         assert scaling in out
+
+
+def test_describe_piped_into_a_reader_that_stops_early_is_not_an_error() -> None:
+    """`python -m vispos describe | head`: the reader is gone before the table is written."""
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vispos", "describe"], cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    proc.stdout.close()  # before the interpreter has started: its first write meets a closed pipe
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and b"BrokenPipeError" not in err, err.decode()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 
 from .encodings.rope_scaling import SCALING_TYPES
 from .registry import describe
@@ -15,10 +17,15 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--ndim", type=int, choices=(1, 2), default=None, help="only 1D or only 2D schemes")
     args = parser.parse_args(argv)
     if args.command == "describe":
-        print(describe(args.ndim))
-        print()
-        print(f"RoPE scaling (rope, rope2d option scaling=): {', '.join(SCALING_TYPES)}")
-        print("DroPE (drop positions late in training): vispos.drope.DroPE, any scheme")
+        text = (
+            f"{describe(args.ndim)}\n\n"
+            f"RoPE scaling (rope, rope2d option scaling=): {', '.join(SCALING_TYPES)}\n"
+            "DroPE (drop positions late in training): vispos.drope.DroPE, any scheme"
+        )
+        try:
+            print(text, flush=True)
+        except BrokenPipeError:  # the reader stopped early (`| head`): not an error
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
     return 0
 
 

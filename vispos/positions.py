@@ -94,12 +94,26 @@ class Positions(nn.Module):
         self.enabled = state["enabled"]
         self.log_n_tokens = state["log_n_tokens"]
 
-    def _per_layer(self, grid: tuple[int, int], device: torch.device) -> list[object]:
+    def _per_layer(self, grid: tuple[int, int], device: torch.device) -> list[tuple[nn.Module | None, Any]]:
+        """(module, output) of the attention scheme for each layer; one shared output without per-layer modules."""
         if self.attention is None or not self.enabled:
-            return [None] * self.depth
+            return [(None, None)] * self.depth
         if isinstance(self.attention, nn.ModuleList):
-            return [m(grid, device) for m in self.attention]
-        return [self.attention(grid, device)] * self.depth
+            return [(m, m(grid, device)) for m in self.attention]
+        return [(self.attention, self.attention(grid, device))] * self.depth
+
+    def _with_prefix(self, bias: torch.Tensor, module: nn.Module) -> torch.Tensor:
+        """Patch bias [heads, HW, HW] -> [heads, P + HW, P + HW]. Prefix rows and columns take the scheme's
+        ``prefix_bias`` [3, heads] (prefix->patch, patch->prefix, prefix->prefix, as BEiT) or zero."""
+        p = self.num_prefix_tokens
+        entries = getattr(module, "prefix_bias", None)
+        if entries is None:
+            return F.pad(bias, (p, 0, p, 0))
+        heads, n, _ = bias.shape
+        to_patch, from_patch, among = (e.to(bias.dtype)[:, None, None] for e in entries)  # [heads, 1, 1] each
+        top = torch.cat((among.expand(heads, p, p), to_patch.expand(heads, p, n)), dim=-1)  # [heads, P, P + HW]
+        bottom = torch.cat((from_patch.expand(heads, n, p), bias), dim=-1)  # [heads, HW, P + HW]
+        return torch.cat((top, bottom), dim=-2)
 
     def context(
         self, grid: tuple[int, int], device: torch.device, user_mask: torch.Tensor | None = None
@@ -110,14 +124,14 @@ class Positions(nn.Module):
         outputs = self._per_layer(grid, device)
         logit_scale = self.logit_scale(grid)
         if self.attention_kind == "rotary":
-            rotary = tuple(r.with_prefix(p) if r is not None else None for r in outputs)
+            rotary = tuple(r.with_prefix(p) if r is not None else None for _, r in outputs)
             return PositionContext(rotary, (user,) * self.depth, logit_scale)
         masks = []
-        for bias in outputs:
+        for module, bias in outputs:
             if bias is None:
                 masks.append(user)
                 continue
-            bias = F.pad(bias, (p, 0, p, 0))  # prefix rows and columns: zero bias
+            bias = self._with_prefix(bias, module)
             masks.append(bias if user is None else bias + user)
         return PositionContext((None,) * self.depth, tuple(masks), logit_scale)
 

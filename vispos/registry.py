@@ -31,7 +31,8 @@ CONTEXT: dict[str, str] = {
     "dim": "channels the scheme acts on: the token width (additive schemes) or the head width (attention schemes)",
     "num_heads": "attention heads",
     "train_grid": "the (H, W) patch grid of the training resolution (2D)",
-    "num_prefix_tokens": "prefix tokens (cls, distillation, registers) that carry an additive embedding (2D)",
+    "num_prefix_tokens": "prefix tokens (cls, distillation, registers) the scheme gives entries of their own (2D): "
+    "those timm's pos_embed covers (additive schemes), all of them (attention schemes)",
     "causal": "whether attention is causal (1D)",
 }
 

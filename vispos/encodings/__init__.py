@@ -21,8 +21,10 @@ schemes) when ``vispos`` is. The contract:
 
 - ``per_layer=True``: one instance per transformer layer (trainable attention schemes);
   ``scalable=True``: a ``set_scaling`` method that ``vispos.configure(scaling=...)`` calls.
-- Optional host hook for additive 2D tables: ``adopt_pos_embed(pos_embed [1, P + H*W, dim]) -> bool``
-  starts the table from a model's own learned one.
+- Optional host hooks (2D): an additive table may hold ``prefix`` [P, dim] (added to the prefix tokens)
+  and define ``adopt_pos_embed(pos_embed [1, P + H*W, dim]) -> bool`` (start from a timm model's own
+  table); a bias may hold ``prefix_bias`` [3, heads] (prefix->patch, patch->prefix, prefix->prefix
+  entries; without it prefix rows and columns get zero bias).
 
 ``pytest tests/test_registry.py tests/test_properties.py`` then covers the new scheme (shapes, dtypes,
 gradients, patching every timm model kind, declared relative property) with no test edits.

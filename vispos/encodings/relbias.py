@@ -11,7 +11,7 @@ import math
 import torch
 from torch import nn
 
-from .._validate import check_float, check_grid, check_int
+from .._validate import check_bool, check_float, check_grid, check_int
 from ..registry import register
 from .learned import resize_bicubic
 
@@ -42,19 +42,41 @@ def resize_bias_table(table: torch.Tensor, old_grid: tuple[int, int], new_grid: 
     return out.reshape(heads, -1).T.to(table.dtype)
 
 
-@register("relbias2d", ndim=2, kind="bias", trainable=True, relative=True, context=("num_heads", "train_grid"),
-    per_layer=True, summary="Swin relative position bias: a ((2H-1)(2W-1), heads) table",
+def prefix_bias(num_heads: int, num_prefix_tokens: int, prefix_entries: bool) -> nn.Parameter | None:
+    """BEiT's three extra entries per head, [3, heads]: prefix->patch, patch->prefix, prefix->prefix (shared by
+    every prefix token). Zero at the start, as the prefix rows and columns are without them; without them a
+    token-pooled model's last-layer bias would never reach its output (and never learn)."""
+    check_int("num_prefix_tokens", num_prefix_tokens, minimum=0)
+    if not check_bool("prefix_entries", prefix_entries) or num_prefix_tokens == 0:
+        return None
+    return nn.Parameter(torch.zeros(3, num_heads))
+
+
+@register("relbias2d", ndim=2, kind="bias", trainable=True, relative=True, context=("num_heads", "train_grid",
+    "num_prefix_tokens"), per_layer=True, summary="Swin relative position bias: a ((2H-1)(2W-1), heads) table",
     extrapolation="table resized (bicubic) to the new grid", reference="Liu et al. 2021 (Swin)")
 class RelBias2d(nn.Module):
-    """Swin relative position bias: one learned scalar per head for each (dy, dx) of the training grid."""
+    """Swin relative position bias: one learned scalar per head for each (dy, dx) of the training grid.
 
-    def __init__(self, *, num_heads: int, train_grid: tuple[int, int] = (14, 14), init_std: float = 0.02) -> None:
+    ``prefix_entries`` (default on where the model has prefix tokens) adds BEiT's class-token entries.
+    """
+
+    def __init__(
+        self,
+        *,
+        num_heads: int,
+        train_grid: tuple[int, int] = (14, 14),
+        num_prefix_tokens: int = 0,
+        prefix_entries: bool = True,
+        init_std: float = 0.02,
+    ) -> None:
         super().__init__()
         self.num_heads = check_int("num_heads", num_heads, minimum=1)
         self.train_grid = check_grid(train_grid, "train_grid")
         h, w = self.train_grid
         self.table = nn.Parameter(torch.zeros((2 * h - 1) * (2 * w - 1), num_heads))
         nn.init.trunc_normal_(self.table, std=init_std)
+        self.prefix_bias = prefix_bias(self.num_heads, num_prefix_tokens, prefix_entries)
 
     def forward(self, grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
         """-> [heads, HW, HW]; the table is resized when ``grid`` differs from the training grid."""
@@ -73,14 +95,24 @@ def log_spaced_offsets(grid: tuple[int, int], train_grid: tuple[int, int], devic
     return torch.sign(table) * torch.log2(table.abs() + 1.0) / math.log2(8)
 
 
-@register("cpb2d", ndim=2, kind="bias", trainable=True, relative=True, context=("num_heads", "train_grid"),
-    per_layer=True, summary="SwinV2 continuous bias: MLP on log-spaced (dy, dx), 16 sigmoid",
+@register("cpb2d", ndim=2, kind="bias", trainable=True, relative=True, context=("num_heads", "train_grid",
+    "num_prefix_tokens"), per_layer=True, summary="SwinV2 continuous bias: MLP on log-spaced (dy, dx), 16 sigmoid",
     extrapolation="continuous: the MLP is evaluated at new offsets", reference="Liu et al. 2022 (Swin V2)")
 class ContinuousBias2d(nn.Module):
-    """SwinV2 continuous position bias: an MLP on log-spaced (dy, dx), 16 * sigmoid. Extrapolates by design."""
+    """SwinV2 continuous position bias: an MLP on log-spaced (dy, dx), 16 * sigmoid. Extrapolates by design.
+
+    ``prefix_entries`` (default on where the model has prefix tokens) adds BEiT's class-token entries.
+    """
 
     def __init__(
-        self, *, num_heads: int, train_grid: tuple[int, int] = (14, 14), hidden: int = 512, max_bias: float = 16.0
+        self,
+        *,
+        num_heads: int,
+        train_grid: tuple[int, int] = (14, 14),
+        num_prefix_tokens: int = 0,
+        prefix_entries: bool = True,
+        hidden: int = 512,
+        max_bias: float = 16.0,
     ) -> None:
         super().__init__()
         self.num_heads = check_int("num_heads", num_heads, minimum=1)
@@ -88,6 +120,7 @@ class ContinuousBias2d(nn.Module):
         self.max_bias = check_float("max_bias", max_bias, positive=True)
         hidden = check_int("hidden", hidden, minimum=1)
         self.mlp = nn.Sequential(nn.Linear(2, hidden), nn.ReLU(inplace=True), nn.Linear(hidden, num_heads, bias=False))
+        self.prefix_bias = prefix_bias(self.num_heads, num_prefix_tokens, prefix_entries)
 
     def forward(self, grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
         """-> [heads, HW, HW]."""

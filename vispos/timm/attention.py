@@ -98,7 +98,7 @@ class PatchedAttention(torch.nn.Module):
         q, k, v, scale, mask = self.positioned(x, attn_mask)
         dropout_p = self.attn_drop.p if self.training else 0.0
         out = sdpa(q, k, v, mask=mask, is_causal=is_causal, fused=self.fused_attn, scale=scale, dropout_p=dropout_p)
-        out = self.norm(out.transpose(1, 2).reshape(b, n, -1))
+        out = self.norm(out.transpose(1, 2).reshape(b, n, self.num_heads * self.head_dim))
         if gate is not None:
             out = out * gate
         return self.proj_drop(self.proj(out))

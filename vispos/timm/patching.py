@@ -60,10 +60,16 @@ def _check_model(model: nn.Module) -> None:
     drop = getattr(model, "patch_drop", None)
     if drop is not None and not isinstance(drop, nn.Identity) and getattr(drop, "prob", 0.0) > 0:
         raise ValueError("patch dropout is enabled (patch_drop_rate > 0): positions would no longer match tokens")
+    names = ", ".join(c.__name__ for c in SUPPORTED_ATTENTION)
     for i, blk in enumerate(model.blocks):
-        if not isinstance(blk.attn, SUPPORTED_ATTENTION):
-            names = ", ".join(c.__name__ for c in SUPPORTED_ATTENTION)
-            raise TypeError(f"block {i} has attention {type(blk.attn).__name__}; supported: {names}")
+        attn = getattr(blk, "attn", None)
+        if attn is None:  # ParallelScalingBlock, ParallelThingsBlock: attention fused with the MLP
+            raise TypeError(
+                f"block {i} is a {type(blk).__name__}, whose attention has no attn submodule to replace; "
+                f"vispos.patch supports blocks with an attn of type {names} (timm's Block, ResPostBlock, EvaBlock)"
+            )
+        if not isinstance(attn, SUPPORTED_ATTENTION):
+            raise TypeError(f"block {i} has attention {type(attn).__name__}; supported: {names}")
 
 
 def _build(info: SchemeInfo, context: dict[str, Any], options: dict[str, Any], copies: int) -> nn.Module:
@@ -99,7 +105,8 @@ def patch(model: nn.Module, pos: str | list[str] | tuple[str, ...], **options: A
             adopt(model.pos_embed)
     att_module = None
     if attention is not None:
-        att_module = _build(attention, context | {"dim": attn0.head_dim}, per_scheme[attention.name], depth)
+        att_context = context | {"dim": attn0.head_dim, "num_prefix_tokens": model.num_prefix_tokens}
+        att_module = _build(attention, att_context, per_scheme[attention.name], depth)
 
     model.vispos = Positions(
         additive=add_module,
