@@ -50,12 +50,28 @@ def check_choice(name: str, value: object, choices: Iterable[str]) -> str:
     return value  # type: ignore[return-value]
 
 
+def _symbolic(value: object) -> bool:
+    """A size that is only known when the program runs: torch.export / compile's SymInt, or the 0-dim
+    tensor ``torch.jit.trace`` hands over for a shape. Such sizes are passed through unchecked."""
+    return isinstance(value, torch.SymInt) or (isinstance(value, torch.Tensor) and torch.jit.is_tracing())
+
+
+def same_size(a: Sequence[object], b: Sequence[object]) -> bool:
+    """``a == b`` for sizes known now; False for sizes of a program being exported or traced, so that the
+    caller takes its general path (which must give the same result) instead of baking in one size."""
+    if any(_symbolic(v) for v in (*a, *b)):
+        return False
+    return tuple(a) == tuple(b)
+
+
 def check_grid(grid: object, name: str = "grid") -> tuple[int, int]:
-    """A patch grid (H, W) of positive ints."""
+    """A patch grid (H, W) of positive ints (or sizes of a program being exported or traced)."""
     if isinstance(grid, torch.Size):
         grid = tuple(grid)
     if not isinstance(grid, Sequence) or len(grid) != 2:
         raise TypeError(f"{name} must be a pair (H, W) of ints, got {grid!r}")
+    if _symbolic(grid[0]) or _symbolic(grid[1]):
+        return grid[0], grid[1]
     h, w = (check_int(f"{name} height", grid[0]), check_int(f"{name} width", grid[1]))
     if h < 1 or w < 1:
         raise ValueError(f"{name} must have a positive size, got {(h, w)}")

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._validate import check_bool, check_choice, check_grid, check_int, check_positions
+from .._validate import check_bool, check_choice, check_grid, check_int, check_positions, same_size
 from ..registry import register
 
 OUT_OF_RANGE: tuple[str, ...] = ("error", "clamp", "interpolate")
@@ -25,8 +25,8 @@ def resize_bicubic(img: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
 
 def resample_table_2d(table: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
     """[H, W, d] -> [H', W', d]: bicubic with antialiasing (timm's ``resample_abs_pos_embed`` rule)."""
-    if tuple(table.shape[:2]) == tuple(grid):
-        return table
+    if same_size(table.shape[:2], grid):
+        return table  # bicubic at the same size returns the table exactly; this only skips the work
     img = table.permute(2, 0, 1)[None].float()  # [1, d, H, W]
     out = resize_bicubic(img, tuple(grid))
     return out[0].permute(1, 2, 0).to(table.dtype)

@@ -11,7 +11,7 @@ import math
 import torch
 from torch import nn
 
-from .._validate import check_bool, check_float, check_grid, check_int
+from .._validate import check_bool, check_float, check_grid, check_int, same_size
 from ..registry import register
 from .learned import resize_bicubic
 
@@ -33,8 +33,8 @@ def relative_index_2d(grid: tuple[int, int], device: torch.device | None = None)
 
 def resize_bias_table(table: torch.Tensor, old_grid: tuple[int, int], new_grid: tuple[int, int]) -> torch.Tensor:
     """[(2H-1)(2W-1), heads] -> [(2H'-1)(2W'-1), heads], bicubic over the (dy, dx) plane."""
-    if tuple(old_grid) == tuple(new_grid):
-        return table
+    if same_size(old_grid, new_grid):
+        return table  # bicubic at the same size returns the table exactly; this only skips the work
     (h, w), (h2, w2) = old_grid, new_grid
     heads = table.shape[-1]
     plane = table.T.reshape(1, heads, 2 * h - 1, 2 * w - 1).float()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.fx
 import torch.nn.functional as F
 from timm.layers import AttentionRope
 from timm.models.eva import EvaAttention
@@ -93,12 +94,20 @@ class PatchedAttention(torch.nn.Module):
     ) -> torch.Tensor:
         if rope is not None:
             raise ValueError("a vispos-patched attention takes its positions from vispos, not from rope=")
-        b, n, _ = x.shape
-        gate = self.gate(x).sigmoid() if self.gate is not None else None
-        q, k, v, scale, mask = self.positioned(x, attn_mask)
-        dropout_p = self.attn_drop.p if self.training else 0.0
-        out = sdpa(q, k, v, mask=mask, is_causal=is_causal, fused=self.fused_attn, scale=scale, dropout_p=dropout_p)
-        out = self.norm(out.transpose(1, 2).reshape(b, n, self.num_heads * self.head_dim))
-        if gate is not None:
-            out = out * gate
-        return self.proj_drop(self.proj(out))
+        return positioned_attention(self, x, attn_mask, is_causal)
+
+
+def positioned_attention(attn: PatchedAttention, x: torch.Tensor, attn_mask: object, is_causal: bool) -> torch.Tensor:
+    """The patched attention's forward; a torch.fx leaf (the context is a Python object, not a tensor)."""
+    b, n, _ = x.shape
+    gate = attn.gate(x).sigmoid() if attn.gate is not None else None
+    q, k, v, scale, mask = attn.positioned(x, attn_mask)
+    dropout_p = attn.attn_drop.p if attn.training else 0.0
+    out = sdpa(q, k, v, mask=mask, is_causal=is_causal, fused=attn.fused_attn, scale=scale, dropout_p=dropout_p)
+    out = attn.norm(out.transpose(1, 2).reshape(b, n, attn.num_heads * attn.head_dim))
+    if gate is not None:
+        out = out * gate
+    return attn.proj_drop(attn.proj(out))
+
+
+torch.fx.wrap("positioned_attention")

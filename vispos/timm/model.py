@@ -6,6 +6,10 @@ build the ``PositionContext`` once per forward and hand it to the blocks through
 argument timm already forwards. Being a real class (not methods bound on the instance), a patched
 model survives ``copy.deepcopy``, pickling, ``torch.save(model)`` / ``torch.load`` and spawned
 workers: pickle finds the class by name in this module, which recreates it on demand.
+
+For torch.fx (timm's ``create_feature_extractor``, torchvision's ``get_graph_node_names``) the grid-
+dependent steps are leaf functions (``torch.fx.wrap``): they read sizes as Python numbers, which a
+symbolic trace cannot, and run as one graph node each.
 """
 
 from __future__ import annotations
@@ -14,12 +18,45 @@ import importlib
 from typing import Any
 
 import torch
+import torch.fx
 from timm.models.eva import Eva
+from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..positions import PositionContext, Positions
 
 PREFIX_TOKENS: tuple[str, ...] = ("cls_token", "dist_token", "reg_token")  # timm's order
+
+
+def token_grid(patch_embed: nn.Module, image: torch.Tensor) -> tuple[int, int]:
+    """The token grid a timm patch embedding makes of an image batch [B, C, H, W]."""
+    h, w = image.shape[-2:]
+    if not patch_embed.dynamic_img_pad:
+        sh, sw = patch_embed.feat_ratio(as_scalar=False)  # pixels per token (hybrids: backbone stride x patch)
+        if h % sh or w % sw:
+            raise ValueError(f"input size {h}x{w} is not divisible by the patch size {sh}x{sw}")
+    gh, gw = patch_embed.dynamic_feat_size((h, w))
+    return gh, gw
+
+
+def position_context(
+    positions: Positions, patch_embed: nn.Module, image: torch.Tensor, attn_mask: torch.Tensor | None
+) -> PositionContext:
+    return positions.context(token_grid(patch_embed, image), image.device, attn_mask)
+
+
+def embed_tokens(positions: Positions, x: torch.Tensor, prefix: list[torch.Tensor]) -> torch.Tensor:
+    """x [B, H, W, C] from the patch embedding, prefix tokens [1, P_i, C] -> [B, P + H*W, C] with positions."""
+    b, h, w, c = x.shape
+    x = positions.add_to_patches(x.reshape(b, h * w, c), (h, w))
+    if not prefix:
+        return x
+    tokens = torch.cat([t.expand(b, -1, -1) for t in prefix], dim=1)
+    return torch.cat((positions.add_to_prefix(tokens), x), dim=1)
+
+
+torch.fx.wrap("position_context")
+torch.fx.wrap("embed_tokens")
 
 
 class PatchedViT:
@@ -34,26 +71,15 @@ class PatchedViT:
 
     def vispos_grid(self, image: torch.Tensor) -> tuple[int, int]:
         """The token grid the patch embedding makes of an image batch [B, C, H, W]."""
-        h, w = image.shape[-2:]
-        pe = self.patch_embed
-        if not pe.dynamic_img_pad:
-            sh, sw = pe.feat_ratio(as_scalar=False)  # pixels per token (hybrids: backbone stride x patch)
-            if h % sh or w % sw:
-                raise ValueError(f"input size {h}x{w} is not divisible by the patch size {sh}x{sw}")
-        gh, gw = pe.dynamic_feat_size((h, w))
-        return gh, gw
+        return token_grid(self.patch_embed, image)
 
     def vispos_context(self, image: torch.Tensor, attn_mask: torch.Tensor | None = None) -> PositionContext:
-        return self.vispos.context(self.vispos_grid(image), image.device, attn_mask)
+        return position_context(self.vispos, self.patch_embed, image, attn_mask)
 
     def _pos_embed(self, x: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, None]:
         """x [B, H, W, C] from the patch embedding -> tokens [B, P + H*W, C] with positions added."""
-        b, h, w, c = x.shape
-        x = self.vispos.add_to_patches(x.reshape(b, h * w, c), (h, w))
-        prefix = [t.expand(b, -1, -1) for t in (getattr(self, n, None) for n in PREFIX_TOKENS) if t is not None]
-        if prefix:
-            x = torch.cat((self.vispos.add_to_prefix(torch.cat(prefix, dim=1)), x), dim=1)
-        x = self.pos_drop(x)
+        prefix = [t for t in (getattr(self, n, None) for n in PREFIX_TOKENS) if t is not None]
+        x = self.pos_drop(embed_tokens(self.vispos, x, prefix))
         return (x, None) if isinstance(self, Eva) else x  # Eva's _pos_embed also returns its rope
 
     def forward_features(
