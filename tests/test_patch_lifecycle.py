@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import timm
+import timm.optim
 import torch
 
 import vispos
@@ -134,3 +135,25 @@ def test_a_spawned_worker_receives_a_working_patched_model() -> None:
     with ctx.Pool(1) as pool:
         out = pool.apply(_forward_in_worker, (model, x()))
     torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
+# --- optimizer groups: positional parameters are not decayed ---------------------------------------------
+@pytest.mark.parametrize("scheme", ["learned2d", "relbias2d", "cpb2d", "rope2d_mixed", ["learned2d", "relbias2d"]])
+def test_timm_optimizer_leaves_every_positional_parameter_undecayed(scheme: str | list[str]) -> None:
+    model = make(scheme, name="deit_tiny_distilled_patch16_224")  # cls + dist: relative biases get prefix entries
+    positional = {id(p) for p in model.vispos.parameters()}
+    assert positional, "the scheme has parameters"
+    optimizer = timm.optim.create_optimizer_v2(model, "adamw", lr=1e-3, weight_decay=0.05)
+    decayed = {id(p) for g in optimizer.param_groups if g["weight_decay"] > 0 for p in g["params"]}
+    assert not positional & decayed
+    assert {"cls_token", "dist_token"} <= model.no_weight_decay()
+    assert decayed, "the other matrices are still decayed"
+
+
+def test_group_matcher_puts_per_layer_positional_parameters_in_their_block() -> None:
+    model = make(["learned2d", "relbias2d"])
+    groups = timm.models.group_parameters(model, model.group_matcher(coarse=False))
+    layer_of = {name: i for i, names in enumerate(groups.values()) for name in names}
+    assert layer_of["vispos.attention.1.table"] == layer_of["blocks.1.attn.qkv.weight"]
+    assert layer_of["vispos.attention.0.table"] == layer_of["blocks.0.attn.qkv.weight"]
+    assert layer_of["vispos.additive.table"] == layer_of["cls_token"]  # the stem, with the patch embedding

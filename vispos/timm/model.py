@@ -69,6 +69,21 @@ class PatchedViT:
         """The positional settings: schemes, options, training grid, and what ``vispos.configure`` set."""
         return self.vispos.settings
 
+    def no_weight_decay(self) -> set[str]:
+        """timm's own (tokens) plus every positional parameter: tables, prefix entries, the cpb2d MLP and
+        RoPE-Mixed frequencies are not decayed (as timm, Swin and RoPE-ViT treat theirs)."""
+        own = {n for n in super().no_weight_decay() if n != "pos_embed"}  # pos_embed is gone
+        return own | {f"vispos.{name}" for name, _ in self.vispos.named_parameters()}
+
+    def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
+        """timm's groups, with per-layer positional parameters in their block and the rest in the stem."""
+        matcher = dict(super().group_matcher(coarse))
+        matcher["stem"] = rf"{matcher['stem']}|^vispos\.additive|^vispos\.attention\.(?!\d)"
+        blocks = matcher["blocks"]
+        per_layer = r"^vispos\.attention\.(\d+)"
+        matcher["blocks"] = [(per_layer, None), *blocks] if isinstance(blocks, list) else rf"{blocks}|{per_layer}"
+        return matcher
+
     def vispos_grid(self, image: torch.Tensor) -> tuple[int, int]:
         """The token grid the patch embedding makes of an image batch [B, C, H, W]."""
         return token_grid(self.patch_embed, image)
