@@ -221,7 +221,7 @@ def test_layer_logits_equal_the_logits_the_patched_attention_feeds_to_sdpa(
     fed = {}
 
     def recording_sdpa(q, k, v, *, mask=None, scale=None, **_):  # noqa: ANN001, ANN202
-        fed["logits"] = (q @ k.transpose(-2, -1))[0] * scale + (0 if mask is None else mask)
+        fed["logits"] = ((q @ k.transpose(-2, -1)) * scale + (0 if mask is None else mask))[0]
         return torch.zeros_like(q)
 
     monkeypatch.setattr("vispos.timm.attention.sdpa", recording_sdpa)

@@ -114,7 +114,7 @@ def test_rope_leaves_prefix_tokens_unrotated(scheme: str) -> None:
     ctx = model.vispos.context((4, 5), torch.device("cpu"))
     q, k = torch.randn(2, model.blocks[0].attn.num_heads, prefix + 20, 64).unbind(0)
     q, k = q[None], k[None]
-    q_rot, k_rot = ctx.rotary[0].rotate(q, k)
+    q_rot, k_rot = ctx.layer(0)[0].rotate(q, k)
     assert torch.equal(q_rot[..., :prefix, :], q[..., :prefix, :])
     assert torch.equal(k_rot[..., :prefix, :], k[..., :prefix, :])
     assert not torch.allclose(q_rot[..., prefix + 1 :, :], q[..., prefix + 1 :, :])
@@ -126,11 +126,12 @@ def test_bias_is_one_mask_shared_across_the_batch_with_zero_prefix_entries(schem
     ctx = model.vispos.context((3, 4), torch.device("cpu"))
     n = 2 + 12
     heads = model.blocks[0].attn.num_heads
-    for mask in ctx.masks:
-        assert mask.shape == (heads, n, n)  # no batch dimension
-        assert torch.equal(mask[:, :2, :], torch.zeros(heads, 2, n))
-        assert torch.equal(mask[:, :, :2], torch.zeros(heads, n, 2))
-        assert mask[:, 2:, 2:].abs().sum() > 0
+    for layer in range(len(model.blocks)):
+        mask = ctx.layer(layer)[1]
+        assert mask.shape == (1, heads, n, n)  # one mask for the whole batch, 4-D for SDPA's fused kernels
+        assert torch.equal(mask[0, :, :2, :], torch.zeros(heads, 2, n))
+        assert torch.equal(mask[0, :, :, :2], torch.zeros(heads, n, 2))
+        assert mask[0, :, 2:, 2:].abs().sum() > 0
 
 
 def test_combined_additive_and_attention_scheme() -> None:
@@ -265,7 +266,7 @@ def test_configure_needs_rope2d() -> None:
 def test_scaling_temperature_applies_to_prefix_tokens_too() -> None:
     model = make("vit_small_cls", "rope2d")
     vispos.configure(model, scaling="yarn")
-    rotary = model.vispos.context((8, 4), torch.device("cpu")).rotary[0]  # 2x the training height
+    rotary = model.vispos.context((8, 4), torch.device("cpu")).layer(0)[0]  # 2x the training height
     expected = (0.1 * math.log(2.0) + 1.0) ** 0.5  # YaRN's factor on y, none on x; shared by q and k
     assert rotary.temperature == pytest.approx(expected)
     assert torch.allclose(rotary.cos[0], torch.full_like(rotary.cos[0], expected))

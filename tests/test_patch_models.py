@@ -94,7 +94,7 @@ def test_prefix_entries_fill_the_prefix_rows_and_columns_and_keep_patches_relati
     layer = model.vispos.attention[0]
     with torch.no_grad():
         layer.prefix_bias.copy_(torch.tensor([[1.0], [2.0], [3.0]]).expand(3, 3))
-    mask = model.vispos.context((3, 4), torch.device("cpu")).masks[0]  # [heads, 2 + 12, 2 + 12]
+    mask = model.vispos.context((3, 4), torch.device("cpu")).layer(0)[1][0]  # [heads, 2 + 12, 2 + 12]
     assert torch.equal(mask[:, :2, :2], torch.full((3, 2, 2), 3.0))  # prefix -> prefix
     assert torch.equal(mask[:, :2, 2:], torch.full((3, 2, 12), 1.0))  # prefix -> patch
     assert torch.equal(mask[:, 2:, :2], torch.full((3, 12, 2), 2.0))  # patch -> prefix

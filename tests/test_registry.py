@@ -219,7 +219,7 @@ def test_a_registered_scheme_reaches_every_host_with_its_context(throwaway_schem
     model = timm.create_model("vit_tiny_patch16_224", img_size=64, depth=1, num_classes=3)
     vispos.patch(model, throwaway_scheme, strength=0.5)
     assert model.vispos.attention.num_heads == 3 and model.vispos.attention.strength == 0.5
-    mask = model.vispos.context((2, 3), torch.device("cpu")).masks[0]  # cls token first: zero row/column
+    mask = model.vispos.context((2, 3), torch.device("cpu")).layer(0)[1][0]  # cls token first: zero row/column
     assert mask.shape == (3, 7, 7) and mask[:, 0].abs().sum() == 0 and mask[0, 1, 3] == -1.0
     refusal = r"num_heads of halfgrid2d are set from the model, not by hand; accepted: strength$"
     with pytest.raises(TypeError, match=refusal):

@@ -204,8 +204,10 @@ def test_result_files_have_the_documented_shape(tmp_path, capsys) -> None:
         ({"schemes": [{"name": "d", "pos": "rope", "drope": 1.5}]}, "drope"),
         ({"schemes": [{"name": "s", "pos": "shaw", "options": {"max_distnce": 4}}]}, "unknown option"),
         ({"schemes": [{"name": "s", "pos": "rope2d"}]}, "no 1D form"),
-        ({"schemes": ["rope", {"name": "y", "base": "rope", "scaling": {"type": "yarn", "factr": 2}}]}, "scaling"),
-        ({"schemes": ["rope", {"name": "y", "base": "rope", "scaling": {"type": "linear", "factor": 0.5}}]}, ">= 1"),
+        ({"schemes": ["rope", {"name": "y", "base": "rope", "scaling": "yarn", "scaling_options": {"factr": 2}}]},
+         "scaling"),
+        ({"schemes": ["rope", {"name": "y", "base": "rope", "scaling": "linear", "scaling_options": {"factor": 0.5}}]},
+         ">= 1"),
     ],
 )
 def test_config_rejects_bad_input(change: dict, message: str) -> None:
@@ -218,3 +220,15 @@ def test_cli_overrides_are_type_checked(tmp_path) -> None:
     cfg.write_text(json.dumps(tiny()))
     assert main(["--config", str(cfg), "train.steps=many"]) == 2
     assert main(["--config", str(cfg), "train.nope=1"]) == 2
+
+
+def test_scheme_shorthand_is_the_explicit_entry_and_the_old_scaling_mapping_shows_the_new_form() -> None:
+    cfg = config_from_dict(tiny(schemes=["rope", "rope+ntk", "learned1d", "learned1d+clamp"]))
+    explicit = config_from_dict(tiny(schemes=[
+        "rope", {"name": "rope+ntk", "base": "rope", "scaling": "ntk"},
+        "learned1d", {"name": "learned1d+clamp", "base": "learned1d", "out_of_range": "clamp"},
+    ]))
+    assert cfg.schemes == explicit.schemes
+    old = {"name": "y", "base": "rope", "scaling": {"type": "yarn", "factor": 4.0}}
+    with pytest.raises(ConfigError, match=r"write scaling: yarn, scaling_options: \{'factor': 4\.0\}"):
+        config_from_dict(tiny(schemes=["rope", old]))

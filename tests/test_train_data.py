@@ -8,10 +8,20 @@ from pathlib import Path
 import pytest
 import torch
 
-from train.config import DataConfig, config_from_dict
-from train.data import CorruptImageError, DataError, build_data, find_fashion_mnist, read_idx
-from train.loaders import Dist, EvalLoader, TrainLoader, canvas_offsets, place_on_canvas
+from train.config import DataConfig, ExperimentConfig, config_from_dict
+from train.data import CorruptImageError, DataBundle, DataError, build_data, find_fashion_mnist, read_idx
+from train.loaders import EvalLoader, TrainLoader
+from train.runtime import Dist
 from train.testing import TINY, make_image_folder
+from train.transforms import canvas_offsets, place_on_canvas
+
+
+def train_loader(data: DataBundle, cfg: ExperimentConfig) -> TrainLoader:
+    return TrainLoader(data, cfg.data, batch_size=cfg.train.batch_size, seed=cfg.seed, dist=Dist())
+
+
+def eval_loader(data: DataBundle, cfg: ExperimentConfig, dist: Dist | None = None) -> EvalLoader:
+    return EvalLoader(data, cfg.data, cfg.eval, seed=cfg.seed, dist=dist or Dist(), patch_size=4)
 
 
 def folder_cfg(root: Path, **data: object) -> DataConfig:
@@ -83,12 +93,12 @@ def test_corrupt_images_are_skipped_and_counted(tmp_path: Path) -> None:
     cfg = config_from_dict({**TINY, "data": {"dataset": "folder", "root": str(root), "img_size": 8},
                             "train": {"batch_size": 4}, "eval": {"sizes": [8, 16]}})
     data = build_data(cfg.data)
-    loader = TrainLoader(data, cfg, Dist())
+    loader = train_loader(data, cfg)
     batches = list(loader.epoch(0))
     assert len(batches) == 2
     assert [p for b in batches for p in b.skipped] == [str(bad)]
     assert sum(len(b.y) for b in batches) == 7 and all(b.x.shape[1:] == (3, 8, 8) for b in batches)
-    ev = EvalLoader(data, cfg, Dist(), patch_size=4)
+    ev = eval_loader(data, cfg)
     for protocol in ("resize", "canvas"):
         got = list(ev.batches(protocol, 16))
         assert sum(len(b.skipped) for b in got) == 1 and sum(len(b.y) for b in got) == 7
@@ -99,7 +109,7 @@ def test_corrupt_image_error_mode_names_the_file(tmp_path: Path) -> None:
     root, bad = _corrupt_tree(tmp_path)
     cfg = config_from_dict({**TINY, "data": {"dataset": "folder", "root": str(root), "img_size": 8,
                                              "on_corrupt": "error"}, "train": {"batch_size": 4}})
-    loader = TrainLoader(build_data(cfg.data), cfg, Dist())
+    loader = train_loader(build_data(cfg.data), cfg)
     with pytest.raises(CorruptImageError, match=rf"cannot read image {bad}.*data\.on_corrupt=skip"):
         list(loader.epoch(0))
 
@@ -120,7 +130,7 @@ def test_canvas_places_the_image_at_training_scale_on_the_patch_grid() -> None:
 def test_eval_protocols_on_fashion_mnist() -> None:
     cfg = config_from_dict({**TINY, "eval": {"sizes": [20, 56], "max_images": 30}})
     data = build_data(cfg.data)
-    ev = EvalLoader(data, cfg, Dist(), patch_size=4)
+    ev = eval_loader(data, cfg)
     assert len(ev) == 30
     (resized,) = list(ev.batches("resize", 56))
     (canvas,) = list(ev.batches("canvas", 56))
@@ -131,6 +141,24 @@ def test_eval_protocols_on_fashion_mnist() -> None:
     assert torch.allclose(canvas.x[:, :, :12], torch.full_like(canvas.x[:, :, :12], background))
     assert not torch.allclose(resized.x[:, :, 12:40, 12:40], train.x)  # resize changes the content
     # DDP shards are disjoint and cover the subset
-    shards = [EvalLoader(data, cfg, Dist(r, 2), patch_size=4) for r in (0, 1)]
+    shards = [eval_loader(data, cfg, Dist(r, 2)) for r in (0, 1)]
     ys = torch.cat([b.y for s in shards for b in s.batches("resize", 20)])
     assert sorted(ys.tolist()) == sorted(train.y.tolist())
+
+
+def test_folder_augmentation_is_a_function_of_seed_epoch_and_index(tmp_path: Path) -> None:
+    import numpy as np
+
+    root = make_image_folder(tmp_path / "tree", classes=2, per_class=4, size=16)
+    cfg = config_from_dict({**TINY, "data": {"dataset": "folder", "root": str(root), "img_size": 12,
+                                             "augment": "crop_flip", "auto_augment": "rand-m9-mstd0.5"},
+                            "train": {"batch_size": 4}})
+    data = build_data(cfg.data)
+    runs = []
+    for global_seed in (1, 2):  # whatever the process's global RNGs (RandAugment draws from numpy's)
+        np.random.seed(global_seed)
+        torch.manual_seed(global_seed)
+        runs.append([b.x for b in train_loader(data, cfg).epoch(0)])
+    assert all(torch.equal(a, b) for a, b in zip(*runs, strict=True))
+    other_epoch = [b.x for b in train_loader(data, cfg).epoch(1)]
+    assert not all(torch.equal(a, b) for a, b in zip(runs[0], other_epoch, strict=True))

@@ -31,10 +31,11 @@ def test_resume_after_a_mid_epoch_stop_matches_an_uninterrupted_run(tmp_path: Pa
     assert len(ck["history"]) == 1 and ck["epoch_sums"][2] == 40.0
     got = run_experiment(tiny_config(tmp_path / "cut", schemes=SCHEMES, model=MODEL))
     for name in ("rope2d", "learned2d_drope"):
-        assert got["schemes"][name]["accuracy"] == ref["schemes"][name]["accuracy"]
+        assert got.schemes[name].accuracy == ref.schemes[name].accuracy
         a, b = _state(tmp_path / "ref", name), _state(tmp_path / "cut", name)
         assert a["model"].keys() == b["model"].keys()
-        assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+        assert all(torch.equal(v, b["model"][k]) if torch.is_tensor(v) else v == b["model"][k]  # (extra state)
+                   for k, v in a["model"].items())
         for ra, rb in zip(a["history"], b["history"], strict=True):
             assert (ra["train_loss"], ra["train_acc"], ra["val_acc"]) == (rb["train_loss"], rb["train_acc"],
                                                                           rb["val_acc"])
@@ -56,11 +57,12 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path: Path) -> No
     with pytest.raises(NonFiniteLossError, match=r"loss became nan at epoch 2, step 0.*last good checkpoint is kept"):
         run_experiment(cfg)
     ck = _state(tmp_path, "rope2d")
-    assert ck["position"]["global_step"] == 5 and all(torch.isfinite(v).all() for v in ck["model"].values())
+    weights = [v for v in ck["model"].values() if torch.is_tensor(v)]
+    assert ck["position"]["global_step"] == 5 and weights and all(torch.isfinite(v).all() for v in weights)
     assert not (tmp_path / "results.json").exists()
     # the kept checkpoint resumes once the cause is gone
     out = run_experiment(tiny_config(tmp_path))
-    assert out["schemes"]["rope2d"]["train"]["epochs"] == 2
+    assert out.schemes["rope2d"].train is not None and out.schemes["rope2d"].train.epochs == 2
 
 
 def test_changed_config_refuses_to_resume(tmp_path: Path) -> None:
@@ -71,4 +73,4 @@ def test_changed_config_refuses_to_resume(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"different config \(differs in: train\.lr\)"):
         run_experiment(tiny_config(tmp_path, train={"lr": 1e-3}))
     fresh = run_experiment(tiny_config(tmp_path, train={"lr": 1e-3}, resume=False))
-    assert json.loads((tmp_path / "results.json").read_text())["schemes"].keys() == fresh["schemes"].keys()
+    assert json.loads((tmp_path / "results.json").read_text())["schemes"].keys() == fresh.schemes.keys()

@@ -3,22 +3,22 @@ extrapolation (resize and canvas protocols), and report tables and a plot.
 
     python -m train --config configs/fmnist_extrapolation.yaml [key=value ...]
     python -m train.evaluate --checkpoint runs/NAME/SCHEME/checkpoint.pt --sizes 28 56
+
+Layout, config in and typed results out, one idea per module: ``config`` (the experiment schema, on
+``schema`` and ``entries``, which the sequence benchmark shares with ``schedule`` and ``seeds``),
+``data`` / ``transforms`` / ``loaders`` (images to batches), ``models`` and ``optim`` (what trains),
+``engine`` (one scheme's training and checkpoints), ``accuracy`` (the evaluation protocols),
+``experiment`` (the whole run), ``results`` and ``report`` (what it produced); ``__main__`` and
+``evaluate`` are the two command lines.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from .config import ConfigError, ExperimentConfig, SchemeConfig, config_from_dict, load_config
+from .experiment import run_experiment
+from .results import RunResult, SchemeResult, TrainSummary
 
-__all__ = ["ConfigError", "ExperimentConfig", "SchemeConfig", "config_from_dict", "load_config", "run_experiment"]
-
-
-def __getattr__(name: str) -> Any:
-    # run_experiment pulls in torch and the evaluation module; imported on first use so that
-    # `python -m train.evaluate` does not find its own module pre-imported by the package
-    if name == "run_experiment":
-        from .experiment import run_experiment
-
-        return run_experiment
-    raise AttributeError(f"module 'train' has no attribute {name!r}")
+__all__ = [
+    "ConfigError", "ExperimentConfig", "RunResult", "SchemeConfig", "SchemeResult", "TrainSummary",
+    "config_from_dict", "load_config", "run_experiment",
+]

@@ -6,6 +6,9 @@ import argparse
 import sys
 
 from .config import ConfigError, load_config
+from .data import DataError
+from .engine import NonFiniteLossError, StopRequested
+from .experiment import run_experiment
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -23,10 +26,6 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .data import DataError
-    from .engine import NonFiniteLossError, StopRequested
-    from .experiment import run_experiment
-
     args = _parse(argv)
     overrides = list(args.overrides) + (["progress=false"] if args.quiet else [])
     try:

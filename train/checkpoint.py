@@ -2,7 +2,8 @@
 
 A checkpoint holds only tensors and primitive containers: model, optimizer and scheduler state, the
 RNG states (as tensors), the data position (epoch, step within it, global step), the running sums of
-the current epoch, the history of finished epochs, and the config that made it.
+the current epoch, the history of finished epochs, and the config that made it. Its fingerprint (what
+determines the trained weights) decides whether it may be resumed.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from .config import ExperimentConfig, SchemeConfig, to_dict
 
 FORMAT = 1
 
@@ -42,8 +45,8 @@ def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]
         raise FileNotFoundError(f"checkpoint {path} does not exist")
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as e:
-        raise RuntimeError(f"cannot load checkpoint {path}: {type(e).__name__}: {e}") from None
+    except Exception as e:  # torch's own text suggests weights_only=False, which is not the remedy here
+        raise RuntimeError(f"cannot load checkpoint {path}: not a file the trainer wrote ({type(e).__name__})") from None
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         raise RuntimeError(f"{path} is not a vispos trainer checkpoint (format {FORMAT})")
     return ckpt
@@ -75,3 +78,26 @@ def set_rng_state(state: dict[str, Any]) -> None:
                          state["numpy_has_gauss"], state["numpy_gauss"]))
     if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def fingerprint(cfg: ExperimentConfig, scheme: SchemeConfig) -> dict[str, Any]:
+    """What determines the trained weights; a checkpoint is resumed only when this matches."""
+    data = {k: v for k, v in to_dict(cfg.data).items() if k != "workers"}
+    train = {k: v for k, v in to_dict(cfg.train).items() if k not in ("checkpoint_every", "compile")}
+    sch = {k: v for k, v in to_dict(scheme).items() if k in ("pos", "options", "drope")}
+    return {"seed": cfg.seed, "data": data, "model": to_dict(cfg.model), "train": train, "scheme": sch}
+
+
+def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(d, dict):
+        return {prefix: d}
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}.{k}" if prefix else k))
+    return out
+
+
+def fingerprint_diff(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """The dotted keys whose values differ between two fingerprints."""
+    fa, fb = _flat(a), _flat(b)
+    return sorted(k for k in set(fa) | set(fb) if fa.get(k) != fb.get(k))

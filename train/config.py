@@ -1,8 +1,10 @@
 """Experiment configuration: a typed schema of dataclasses, filled strictly from YAML and CLI overrides.
 
-Every key is checked: an unknown key is an error that names the accepted ones, a value of the wrong
-type is an error that names the expected type. ``key=value`` overrides from the command line address
-fields by dotted path (``train.lr=1e-3``, ``eval.sizes=[28,56]``) and are type-checked the same way.
+Every key is checked (``train.schema``): an unknown key is an error that names the accepted ones, a
+value of the wrong type is an error that names the expected type. ``key=value`` overrides from the
+command line address fields by dotted path (``train.lr=1e-3``, ``eval.sizes=[28,56]``) and are
+type-checked the same way. Scheme entries and their shorthand strings are shared with the sequence
+benchmark (``train.entries``).
 """
 
 from __future__ import annotations
@@ -13,11 +15,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from . import schema
+from .entries import RunConfig, SchemeEntry, check_entries, check_scaling, expand_shorthand
 from .schema import ConfigError
 
-SCALINGS: tuple[str, ...] = ("linear", "ntk", "yarn")
 PROTOCOLS: tuple[str, ...] = ("resize", "canvas")
-EVAL_SUFFIXES: tuple[str, ...] = (*SCALINGS, "logn")  # scheme-string suffixes that make an evaluation variant
+SHORTHAND_WORDS: dict[str, dict[str, Any]] = {"logn": {"log_n_attention": True}}  # besides the RoPE scalings
 
 
 @dataclass
@@ -38,7 +40,7 @@ class DataConfig:
     workers: int = 0  # DataLoader workers for folder datasets
     augment: Literal["none", "flip", "crop_flip"] = "none"  # training augmentation
     auto_augment: str | None = None  # folder: timm RandAugment string, e.g. "rand-m9-mstd0.5-inc1"
-    crop_pct: float = 0.875  # folder: eval transform resizes to img_size / crop_pct then centre-crops
+    crop_pct: float = 0.875  # folder: eval resize to floor(img_size / crop_pct), then centre crop (timm)
     mean: list[float] | None = None  # None: the dataset's own statistics (Fashion-MNIST) or ImageNet's
     std: list[float] | None = None
 
@@ -61,26 +63,18 @@ class ModelConfig:
 
 
 @dataclass
-class SchemeConfig:
-    """One row of the comparison: a positional scheme to train, or an evaluation-only variant of one.
+class SchemeConfig(SchemeEntry):
+    """One row of the comparison: a 2D scheme to train, or an evaluation-only variant of a trained one.
 
-    In YAML a plain string is accepted: ``rope2d`` (one scheme), ``learned2d+rope2d`` (a combination),
-    ``rope2d+yarn`` (the trained ``rope2d`` model evaluated with RoPE scaling ``yarn``) or
-    ``alibi2d+logn`` (the trained ``alibi2d`` model evaluated with log-n attention scaling).
+    ``pos`` is a vispos registry name or a list of them (a combination, also written ``a+b``), or
+    ``timm`` (timm's own learned table). Every RoPE scaling of ``vispos.SCALING_TYPES`` applies per
+    axis through ``vispos.configure`` (``longrope`` needs ``scaling_options.long_factors``). YAML
+    shorthand (``train.entries``): ``rope2d``, ``learned2d+rope2d``, ``rope2d+yarn`` (= ``{name:
+    rope2d+yarn, base: rope2d, scaling: yarn}``), ``alibi2d+logn`` (= ``log_n_attention: true``).
     """
 
-    name: str
     pos: list[str] = field(default_factory=list)  # vispos registry names ("timm": timm's own table)
-    options: dict[str, Any] = field(default_factory=dict)  # forwarded to vispos.patch
-    base: str | None = None  # evaluation-only: reuse the trained model of this scheme entry
-    scaling: Literal["linear", "ntk", "yarn"] | None = None  # RoPE scaling applied at evaluation only
-    scaling_options: dict[str, Any] = field(default_factory=dict)
     log_n_attention: bool = False  # evaluation only: logits x max(1, ln N / ln N_train) (vispos.configure)
-    drope: float = 0.0  # DroPE: positions switched off for this final fraction of the training steps
-
-    @property
-    def trains(self) -> bool:
-        return self.base is None
 
 
 @dataclass
@@ -92,7 +86,7 @@ class TrainConfig:
     lr: float = 2e-3
     min_lr: float = 0.0
     weight_decay: float = 0.05
-    warmup: float = 0.1  # fraction of all steps with a linear warm-up, then cosine decay to min_lr
+    warmup: float = 0.1  # fraction of all steps with a linear warm-up, then cosine to min_lr (train.schedule)
     grad_clip: float | None = 1.0
     label_smoothing: float = 0.0
     mixup: float = 0.0  # mixup alpha (timm Mixup); 0: off
@@ -127,26 +121,17 @@ class DebugConfig:
 
 
 @dataclass
-class ExperimentConfig:
+class ExperimentConfig(RunConfig):
     """A whole run: several schemes trained under identical settings, then evaluated."""
 
-    name: str
     schemes: list[SchemeConfig]
-    seed: int = 0
-    out_dir: str | None = None  # default runs/<name>
-    device: Literal["auto", "cpu", "cuda"] = "auto"
     threads: int | None = None  # torch intra-op threads on CPU
-    progress: bool = True  # tqdm bars (always off when stderr is not a terminal)
     resume: bool = True  # continue from checkpoints / results already in out_dir
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
-
-    @property
-    def run_dir(self) -> Path:
-        return Path(self.out_dir) if self.out_dir else Path("runs") / self.name
 
     def scheme(self, name: str) -> SchemeConfig:
         for s in self.schemes:
@@ -159,29 +144,10 @@ class ExperimentConfig:
 # strict conversion from plain data
 
 
-def _scheme_from_string(text: str, where: str) -> dict[str, Any]:
-    """'rope2d', 'learned2d+rope2d', 'rope2d+yarn', 'alibi2d+logn', 'rope2d+yarn+logn'."""
-    parts = [p.strip() for p in text.split("+")]
-    if not all(parts):
-        raise ConfigError(f"{where}: bad scheme {text!r}; write 'name', 'a+b' or 'name+{'|'.join(EVAL_SUFFIXES)}'")
-    scaling, log_n = None, False
-    while len(parts) > 1 and parts[-1] in EVAL_SUFFIXES:
-        suffix = parts.pop()
-        if suffix == "logn":
-            log_n = True
-        elif scaling is None:
-            scaling = suffix
-        else:
-            raise ConfigError(f"{where}: {text!r} names two RoPE scalings; use one of {', '.join(SCALINGS)}")
-    if scaling is None and not log_n:
-        return {"name": text, "pos": parts}
-    return {"name": text, "base": "+".join(parts), "scaling": scaling, "log_n_attention": log_n}
-
-
 def _scheme_hook(data: Any, where: str) -> Any:
     """SchemeConfig's short forms: a string, or ``pos`` written as 'a+b'."""
     if isinstance(data, str):
-        data = _scheme_from_string(data, where)
+        data = expand_shorthand(data, where, SHORTHAND_WORDS)
     if isinstance(data, dict) and isinstance(data.get("pos"), str):
         data = {**data, "pos": [p.strip() for p in data["pos"].split("+")]}
     return data
@@ -201,29 +167,9 @@ def to_dict(cfg: Any) -> Any:
 
 def validate(cfg: ExperimentConfig) -> ExperimentConfig:
     """Checks across fields; raises ConfigError naming the problem and what is accepted."""
-    if not cfg.schemes:
-        raise ConfigError("schemes: list at least one scheme")
-    names = [s.name for s in cfg.schemes]
-    dupes = sorted({n for n in names if names.count(n) > 1})
-    if dupes:
-        raise ConfigError(f"schemes: names must be unique; repeated: {', '.join(dupes)}")
-    trained = {s.name for s in cfg.schemes if s.trains}
+    check_entries(cfg.schemes)
     for s in cfg.schemes:
-        where = f"schemes[{s.name}]"
-        if s.trains and not s.pos:
-            raise ConfigError(f"{where}: give pos (a registry name or a list) or base (a trained scheme)")
-        if not s.trains:
-            if s.base not in trained:
-                raise ConfigError(
-                    f"{where}: base {s.base!r} is not a trained scheme of this config; "
-                    f"trained: {', '.join(sorted(trained))}"
-                )
-            if s.pos or s.options or s.drope:
-                raise ConfigError(f"{where}: an evaluation-only entry (base) takes no pos, options or drope")
-        if not 0.0 <= s.drope < 1.0:
-            raise ConfigError(f"{where}: drope is a fraction of training in [0, 1), got {s.drope}")
-        if s.scaling_options and s.scaling is None:
-            raise ConfigError(f"{where}: scaling_options given without scaling ({', '.join(SCALINGS)})")
+        check_scaling(s, original_length=1)  # the real per-axis lengths are set by vispos.configure
     t, d, e = cfg.train, cfg.data, cfg.eval
     for key, val in (
         ("train.epochs", t.epochs),

@@ -21,6 +21,7 @@ from torch import Tensor
 from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
 
 from .config import DataConfig
+from .seeds import mix_seed, seeded
 
 FMNIST_DIRS: tuple[str, ...] = ("/usr/share/datasets/fashion-mnist",)
 FMNIST_FILES: dict[str, tuple[str, str]] = {
@@ -200,16 +201,8 @@ class FolderImages(torch.utils.data.Dataset):
         if self.seed is None:
             return self.transform(img), label, path
         # augmentation randomness is a function of (seed, epoch, index): the same in any process layout
-        with torch.random.fork_rng(devices=[]):
-            import random
-
-            state = random.getstate()
-            torch.manual_seed(self.seed * 1_000_003 + index)
-            random.seed(self.seed * 1_000_003 + index)
-            try:
-                return self.transform(img), label, path
-            finally:
-                random.setstate(state)
+        with seeded(mix_seed(self.seed, index)):
+            return self.transform(img), label, path
 
 
 def _folder_split(root: Path, split: str, classes: list[str], cfg: DataConfig, per_class: int | None,

@@ -8,7 +8,7 @@ import timm
 import torch
 from torch import nn
 
-from .config import ConfigError, ExperimentConfig, SchemeConfig
+from .config import ConfigError, ModelConfig, SchemeConfig
 
 TIMM_TABLE = "timm"  # pos name meaning: keep timm's own learned table (dynamic_img_size=True), no patch
 
@@ -21,15 +21,15 @@ def _vispos() -> Any:
     return vispos
 
 
-def check_schemes(cfg: ExperimentConfig) -> None:
+def check_schemes(schemes: list[SchemeConfig]) -> None:
     """Fail before any training if a scheme name is not registered."""
     names: list[str] = []
-    for s in cfg.schemes:
+    for s in schemes:
         names.extend(p for p in s.pos if p != TIMM_TABLE)
     if not names:
         return
     known = _vispos().list_encodings(ndim=2)
-    for s in cfg.schemes:
+    for s in schemes:
         for p in s.pos:
             if p != TIMM_TABLE and p not in known:
                 raise ConfigError(f"schemes[{s.name}]: unknown 2D scheme {p!r}; known: {', '.join(known)}, "
@@ -38,9 +38,9 @@ def check_schemes(cfg: ExperimentConfig) -> None:
             raise ConfigError(f"schemes[{s.name}]: {TIMM_TABLE!r} stands alone (no combination, options or drope)")
 
 
-def build_model(cfg: ExperimentConfig, scheme: SchemeConfig, *, num_classes: int, in_chans: int) -> nn.Module:
+def build_model(m: ModelConfig, scheme: SchemeConfig, *, img_size: int, num_classes: int, in_chans: int,
+                seed: int) -> nn.Module:
     """timm.create_model with the config's architecture (same seed for every scheme), then vispos.patch."""
-    m = cfg.model
     kwargs: dict[str, Any] = {
         k: v
         for k, v in {
@@ -49,19 +49,19 @@ def build_model(cfg: ExperimentConfig, scheme: SchemeConfig, *, num_classes: int
         }.items()
         if v is not None
     }
-    kwargs.update(img_size=cfg.data.img_size, in_chans=in_chans, num_classes=num_classes,
+    kwargs.update(img_size=img_size, in_chans=in_chans, num_classes=num_classes,
                   drop_rate=m.drop_rate, drop_path_rate=m.drop_path_rate)
     kwargs.update(m.kwargs)
     timm_table = scheme.pos == [TIMM_TABLE]
     if timm_table:
         kwargs.setdefault("dynamic_img_size", True)
-    torch.manual_seed(cfg.seed)  # the shared weights are identical for every scheme
+    torch.manual_seed(seed)  # the shared weights are identical for every scheme
     try:
         model = timm.create_model(m.name, pretrained=False, **kwargs)
     except (TypeError, ValueError, AssertionError, RuntimeError) as e:
         raise ConfigError(f"model: timm.create_model({m.name!r}, {kwargs}) failed: {e}") from None
     if not timm_table:
-        torch.manual_seed(cfg.seed + 1)  # the scheme's own parameters, identical across runs
+        torch.manual_seed(seed + 1)  # the scheme's own parameters, identical across runs
         pos: str | list[str] = scheme.pos[0] if len(scheme.pos) == 1 else list(scheme.pos)
         try:
             _vispos().patch(model, pos, **scheme.options)

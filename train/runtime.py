@@ -11,8 +11,15 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from .config import ConfigError, ExperimentConfig
-from .loaders import Dist
+from .schema import ConfigError
+
+
+@dataclass(frozen=True)
+class Dist:
+    """This process's place in a DDP job (rank 0 of 1 without DDP)."""
+
+    rank: int = 0
+    world: int = 1
 
 
 @dataclass
@@ -52,28 +59,28 @@ def _dtype(precision: str, device: torch.device) -> torch.dtype | None:
     return None
 
 
-def setup(cfg: ExperimentConfig) -> Runtime:
+def setup(device: str = "auto", *, threads: int | None = None, progress: bool = True, train_precision: str = "auto",
+          eval_precision: str = "auto") -> Runtime:
     """Join the torchrun process group when launched by torchrun, pick the device and precision."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    want_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    want_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
     if want_cuda and not torch.cuda.is_available():
         raise ConfigError("device=cuda but no CUDA device is available; accepted: auto, cpu, cuda")
     if want_cuda:
         torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
+        where = torch.device("cuda", local_rank)
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     else:
-        device = torch.device("cpu")
-    if cfg.threads is not None:
-        torch.set_num_threads(cfg.threads)
+        where = torch.device("cpu")
+    if threads is not None:
+        torch.set_num_threads(threads)
     if world > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if want_cuda else "gloo", rank=rank, world_size=world)
-    progress = cfg.progress and rank == 0 and sys.stderr.isatty()
-    return Runtime(device, Dist(rank, world), _dtype(cfg.train.precision, device),
-                   _dtype(cfg.eval.precision, device), progress)
+    bars = progress and rank == 0 and sys.stderr.isatty()
+    return Runtime(where, Dist(rank, world), _dtype(train_precision, where), _dtype(eval_precision, where), bars)
 
 
 def teardown() -> None:

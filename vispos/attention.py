@@ -24,6 +24,13 @@ def as_float_mask(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor
     return mask.to(dtype)
 
 
+def as_4d(mask: torch.Tensor | None) -> torch.Tensor | None:
+    """A mask broadcastable to [B, heads, N, N] as a 4-D view (leading dims of size 1 added)."""
+    if mask is None or mask.dim() >= 4:
+        return mask
+    return mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
+
+
 def combine_masks(*masks: torch.Tensor | None) -> torch.Tensor | None:
     """Sum of the given additive masks (broadcast), None when there are none."""
     out = None
@@ -44,8 +51,11 @@ def sdpa(
     fused: bool = True,
     scale: float | None = None,
 ) -> torch.Tensor:
-    """softmax(q k^T * scale + mask) v for q, k, v [B, heads, N, head_dim]; fused or the eager reference."""
-    mask = as_float_mask(mask, q.dtype)
+    """softmax(q k^T * scale + mask) v for q, k, v [B, heads, N, head_dim]; fused or the eager reference.
+
+    A float mask goes to SDPA as 4-D in q's dtype: with a 3-D mask PyTorch's CPU dispatcher leaves the
+    fused kernel for the math path (several times slower)."""
+    mask = as_4d(as_float_mask(mask, q.dtype))
     if fused:
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale

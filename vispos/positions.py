@@ -22,11 +22,18 @@ from .encodings.rope import Rotary
 
 @dataclass
 class PositionContext:
-    """Per-layer positional tensors for one forward pass at one grid (prefix tokens included)."""
+    """The positions of one forward pass at one grid; ``layer(i)`` gives layer i's rotation and mask."""
 
-    rotary: tuple[Rotary | None, ...]  # cos/sin [N, d] or [heads, N, d]
-    masks: tuple[torch.Tensor | None, ...]  # additive [heads, N, N] or the user's mask
+    positions: Positions
+    grid: tuple[int, int]
+    device: torch.device
+    user_mask: torch.Tensor | None  # the caller's attn_mask, as an additive float mask
+    shared: Rotary | torch.Tensor | None  # the output of a scheme shared by every layer, computed once
     logit_scale: float = 1.0  # extra temperature on every logit (log-n attention scaling)
+
+    def layer(self, index: int) -> tuple[Rotary | None, torch.Tensor | None]:
+        """(rotation: cos/sin [(heads,) N, d] or None, additive mask [1, heads, N, N] or the caller's mask)."""
+        return self.positions.layer(self, index)
 
 
 def plain(value: Any) -> Any:
@@ -94,13 +101,13 @@ class Positions(nn.Module):
         self.enabled = state["enabled"]
         self.log_n_tokens = state["log_n_tokens"]
 
-    def _per_layer(self, grid: tuple[int, int], device: torch.device) -> list[tuple[nn.Module | None, Any]]:
-        """(module, output) of the attention scheme for each layer; one shared output without per-layer modules."""
-        if self.attention is None or not self.enabled:
-            return [(None, None)] * self.depth
-        if isinstance(self.attention, nn.ModuleList):
-            return [(m, m(grid, device)) for m in self.attention]
-        return [(self.attention, self.attention(grid, device))] * self.depth
+    def _prefixed(self, module: nn.Module, grid: tuple[int, int], device: torch.device) -> Rotary | torch.Tensor:
+        """One scheme module's output for all tokens, prefix tokens first: rotations with identity rows for
+        them, or a bias mask [1, heads, P + HW, P + HW] (4-D: SDPA's fused CPU kernel refuses 3-D masks)."""
+        out = module(grid, device)
+        if self.attention_kind == "rotary":
+            return out.with_prefix(self.num_prefix_tokens)
+        return self._with_prefix(out, module)[None]
 
     def _with_prefix(self, bias: torch.Tensor, module: nn.Module) -> torch.Tensor:
         """Patch bias [heads, HW, HW] -> [heads, P + HW, P + HW]. Prefix rows and columns take the scheme's
@@ -118,22 +125,30 @@ class Positions(nn.Module):
     def context(
         self, grid: tuple[int, int], device: torch.device, user_mask: torch.Tensor | None = None
     ) -> PositionContext:
-        """Rotations and masks for every layer, from the grid alone (computed once per forward)."""
-        p = self.num_prefix_tokens
+        """What every layer needs at this grid. A scheme shared by all layers is evaluated here, once; a
+        per-layer scheme when its layer asks (``PositionContext.layer``), so in inference at most one
+        layer's bias mask exists at a time."""
         user = as_float_mask(user_mask, torch.float32)
-        outputs = self._per_layer(grid, device)
-        logit_scale = self.logit_scale(grid)
-        if self.attention_kind == "rotary":
-            rotary = tuple(r.with_prefix(p) if r is not None else None for _, r in outputs)
-            return PositionContext(rotary, (user,) * self.depth, logit_scale)
-        masks = []
-        for module, bias in outputs:
-            if bias is None:
-                masks.append(user)
-                continue
-            bias = self._with_prefix(bias, module)
-            masks.append(bias if user is None else bias + user)
-        return PositionContext((None,) * self.depth, tuple(masks), logit_scale)
+        shared = None
+        if self.enabled and self.attention is not None and not isinstance(self.attention, nn.ModuleList):
+            shared = self._combined(self._prefixed(self.attention, grid, device), user)
+        return PositionContext(self, grid, device, user, shared, self.logit_scale(grid))
+
+    def layer(self, ctx: PositionContext, index: int) -> tuple[Rotary | None, torch.Tensor | None]:
+        """Layer ``index``'s rotation and additive mask (prefix tokens included)."""
+        if not self.enabled or self.attention is None:
+            return None, ctx.user_mask
+        if ctx.shared is not None:
+            out = ctx.shared
+        else:
+            out = self._combined(self._prefixed(self.attention[index], ctx.grid, ctx.device), ctx.user_mask)
+        return (out, ctx.user_mask) if self.attention_kind == "rotary" else (None, out)
+
+    def _combined(self, out: Rotary | torch.Tensor, user: torch.Tensor | None) -> Rotary | torch.Tensor:
+        """A bias mask plus the caller's mask (a rotation is returned as it is)."""
+        if self.attention_kind == "rotary" or user is None:
+            return out
+        return out + user
 
     def logit_scale(self, grid: tuple[int, int]) -> float:
         """log-n attention scaling: logits x max(1, ln N / ln N_train) for N patch tokens, so attention

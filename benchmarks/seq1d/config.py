@@ -1,9 +1,10 @@
 """The benchmark's configuration: dataclasses (the schema) filled strictly from YAML and ``key=value`` overrides.
 
-An unknown key or a value of the wrong type is an error that names what is accepted. A scheme entry may be
-a plain string: ``rope`` (train this 1D scheme), ``rope+yarn`` (evaluate the trained ``rope`` model with
-RoPE scaling ``yarn``) or ``learned1d+clamp`` (evaluate the trained ``learned1d`` table with that
-out-of-range rule).
+An unknown key or a value of the wrong type is an error that names what is accepted (``train.schema``).
+Scheme entries are the trainer's (``train.entries``): ``{name: rope+ntk, base: rope, scaling: ntk,
+scaling_options: {factor: 4.0}}`` evaluates the trained ``rope`` model with NTK scaling. Shorthand strings:
+``rope`` (train this 1D scheme), ``rope+yarn`` (= ``{name: rope+yarn, base: rope, scaling: yarn}``),
+``learned1d+clamp`` (= ``{name: learned1d+clamp, base: learned1d, out_of_range: clamp}``).
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ from typing import Any, Literal
 import vispos
 import vispos.registry
 from train import schema
+from train.entries import RunConfig, SchemeEntry, check_entries, check_scaling, expand_shorthand
 from train.schema import ConfigError
 
 TASKS: tuple[str, ...] = ("passkey", "copy", "reverse", "recall")
-SCALINGS: tuple[str, ...] = ("linear", "ntk", "dynamic_ntk", "yarn", "longrope")
 OUT_OF_RANGE: tuple[str, ...] = ("error", "clamp", "interpolate")
+SHORTHAND_WORDS = {rule: {"out_of_range": rule} for rule in OUT_OF_RANGE}  # besides the RoPE scalings
 
 
 @dataclass
@@ -51,7 +53,7 @@ class RecallConfig:
 
 @dataclass
 class ModelConfig:
-    """A pre-norm causal transformer: token embedding, blocks of vispos.nn.Attention + MLP, LM head."""
+    """A pre-norm causal transformer: token embedding, blocks of vispos.layers.Attention + MLP, LM head."""
 
     dim: int = 64
     depth: int = 2
@@ -95,33 +97,24 @@ class LongRopeConfig:
 
 
 @dataclass
-class SchemeConfig:
-    """A row of the tables: a 1D scheme to train (``pos``) or an evaluation-only variant of one (``base``)."""
+class SchemeConfig(SchemeEntry):
+    """A row of the tables: a 1D scheme to train (``pos``) or an evaluation-only variant of one (``base``).
 
-    name: str
+    ``scaling`` (any of ``vispos.SCALING_TYPES``) needs a ``rope`` base; ``longrope`` factors come from
+    ``longrope.long_factors`` or a search when ``scaling_options`` does not give them.
+    """
+
     pos: str | None = None  # vispos 1D registry name
-    options: dict[str, Any] = field(default_factory=dict)  # scheme options (theta, max_distance, ...)
-    drope: float = 0.0  # DroPE: positions off for this final fraction of the steps
-    base: str | None = None  # evaluation-only: the trained scheme this row re-evaluates
-    scaling: dict[str, Any] | None = None  # RopeScaling fields (type, factor, ...) applied at evaluation
     out_of_range: Literal["error", "clamp", "interpolate"] | None = None  # learned1d rule at evaluation
-
-    @property
-    def trains(self) -> bool:
-        return self.base is None
 
 
 @dataclass
-class BenchConfig:
-    name: str
+class BenchConfig(RunConfig):
     schemes: list[SchemeConfig]
-    tasks: list[Literal["passkey", "copy", "reverse", "recall"]] = field(default_factory=lambda: ["passkey"])
-    seed: int = 0
-    out_dir: str | None = None  # default runs/<name>
     device: Literal["auto", "cpu", "cuda"] = "cpu"
+    tasks: list[Literal["passkey", "copy", "reverse", "recall"]] = field(default_factory=lambda: ["passkey"])
     threads: int = 1  # torch threads per worker process
     workers: int = 1  # processes training schemes in parallel (CPU); 1 runs in this process
-    progress: bool = True
     passkey: PasskeyConfig = field(default_factory=PasskeyConfig)
     copy: CopyConfig = field(default_factory=CopyConfig)
     reverse: CopyConfig = field(default_factory=CopyConfig)
@@ -131,10 +124,6 @@ class BenchConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     longrope: LongRopeConfig = field(default_factory=LongRopeConfig)
 
-    @property
-    def run_dir(self) -> Path:
-        return Path(self.out_dir) if self.out_dir else Path("runs") / self.name
-
     def lengths(self) -> list[int]:
         return [m * self.train.length for m in self.eval.multiples]
 
@@ -143,66 +132,49 @@ class BenchConfig:
 # strict conversion from plain data
 
 
-def _scheme_from_string(text: str) -> dict[str, Any]:
-    base, _, variant = (p.strip() for p in text.partition("+"))
-    if not variant:
-        return {"name": text, "pos": base}
-    if variant in SCALINGS:
-        return {"name": text, "base": base, "scaling": {"type": variant}}
-    if variant in OUT_OF_RANGE:
-        return {"name": text, "base": base, "out_of_range": variant}
-    raise ConfigError(
-        f"scheme {text!r}: after '+' write a RoPE scaling ({', '.join(SCALINGS)}) or an "
-        f"out-of-range rule ({', '.join(OUT_OF_RANGE)})"
-    )
-
-
 def _scheme_hook(data: Any, where: str) -> Any:
-    return _scheme_from_string(data) if isinstance(data, str) else data
+    """A shorthand string (``train.entries``); the old ``scaling: {type: ...}`` mapping is refused with the new form."""
+    if isinstance(data, str):
+        data = expand_shorthand(data, where, SHORTHAND_WORDS)
+        if "+" in (data.get("pos") or ""):
+            raise ConfigError(
+                f"scheme {data['name']!r}: after '+' write a RoPE scaling ({', '.join(vispos.SCALING_TYPES)}) or "
+                f"an out-of-range rule ({', '.join(OUT_OF_RANGE)})"
+            )
+    if isinstance(data, dict) and isinstance(data.get("scaling"), dict):
+        options = {k: v for k, v in data["scaling"].items() if k != "type"}
+        raise ConfigError(
+            f"{where}: scaling is a name now, its options sit beside it; write scaling: "
+            f"{data['scaling'].get('type')}" + (f", scaling_options: {options}" if options else "")
+        )
+    return data
 
 
 def validate(cfg: BenchConfig) -> BenchConfig:
     """Checks across fields."""
-    names = [s.name for s in cfg.schemes]
-    if not names or len(set(names)) != len(names):
-        raise ConfigError(f"schemes: list at least one, with unique names; got {names}")
-    trained = {s.name: s for s in cfg.schemes if s.trains}
+    trained = check_entries(cfg.schemes)
     for s in cfg.schemes:
         where = f"schemes[{s.name}]"
         if s.trains:
-            if s.pos is None:
-                raise ConfigError(f"{where}: give pos (a 1D registry name) or base (a trained scheme)")
             if s.scaling is not None or s.out_of_range is not None:
                 raise ConfigError(f"{where}: scaling / out_of_range are evaluation-only; give base as well")
-            if not 0.0 <= s.drope < 1.0:
-                raise ConfigError(f"{where}: drope is a fraction of the steps in [0, 1), got {s.drope}")
             try:
-                accepted = vispos.registry.accepted_options(s.pos, 1)
+                accepted = vispos.registry.accepted_options(s.pos, 1)  # type: ignore[arg-type]
             except ValueError as e:
                 raise ConfigError(f"{where}: {e}") from None
             unknown = sorted(set(s.options) - set(accepted))
             if unknown:
                 raise ConfigError(f"{where}: unknown option(s) {', '.join(unknown)}; accepted: {', '.join(accepted)}")
             continue
-        if s.base not in trained:
-            raise ConfigError(f"{where}: base {s.base!r} is not a trained scheme; trained: {', '.join(trained)}")
-        if s.pos is not None or s.options or s.drope:
-            raise ConfigError(f"{where}: an evaluation-only row (base) takes no pos, options or drope")
         if (s.scaling is None) == (s.out_of_range is None):
             raise ConfigError(f"{where}: an evaluation-only row needs exactly one of scaling or out_of_range")
-        base_pos = trained[s.base].pos
-        if s.scaling is not None and (base_pos != "rope" or s.scaling.get("type") not in SCALINGS):
-            raise ConfigError(f"{where}: scaling needs a rope base and type in {', '.join(SCALINGS)}")
+        base_pos = trained[s.base].pos  # type: ignore[index]
+        if s.scaling is not None and base_pos != "rope":
+            raise ConfigError(f"{where}: scaling needs a rope base, not {base_pos!r}")
         if s.out_of_range is not None and base_pos != "learned1d":
             raise ConfigError(f"{where}: out_of_range applies to a learned1d base, not {base_pos!r}")
-        if s.scaling is not None:
-            trial = {"original_length": cfg.train.length, **s.scaling}
-            if trial["type"] == "longrope":
-                trial.setdefault("long_factors", (1.0,))  # the real ones come from the search or longrope:
-            try:
-                vispos.RopeScaling(**trial)
-            except (TypeError, ValueError) as e:
-                raise ConfigError(f"{where}: scaling: {e}") from None
+        later = {"long_factors": (1.0,)} if s.scaling == "longrope" else {}  # from the search or longrope:
+        check_scaling(s, original_length=cfg.train.length, **later)
     if not cfg.tasks or len(set(cfg.tasks)) != len(cfg.tasks):
         raise ConfigError(f"tasks: list each of {', '.join(TASKS)} at most once, at least one")
     t, e = cfg.train, cfg.eval

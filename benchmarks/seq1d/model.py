@@ -10,8 +10,7 @@ from torch import nn
 import vispos
 from vispos.drope import set_enabled
 from vispos.encodings.learned import Learned1d
-from vispos.encodings.rope import Rope
-from vispos.nn import Attention
+from vispos.layers import Attention
 
 from .config import ModelConfig
 
@@ -33,7 +32,7 @@ class Block(nn.Module):
 
 
 class TinyLM(nn.Module):
-    """Token embedding (+ an additive 1D scheme), pre-norm blocks with ``vispos.nn.Attention``, LM head.
+    """Token embedding (+ an additive 1D scheme), pre-norm blocks with ``vispos.layers.Attention``, LM head.
 
     Additive schemes (sincos1d, learned1d) are added to the embeddings here; every other scheme lives in
     attention. ``learned1d`` gets ``max_len`` = the training length and ``init_std`` 1 (the scale of the token
@@ -75,17 +74,6 @@ class TinyLM(nn.Module):
         """DroPE: switch the positional scheme on or off everywhere (attention and additive)."""
         set_enabled(self, enabled)
         self.additive_enabled = enabled
-
-    def rope_modules(self) -> list[Rope]:
-        return [m for m in self.modules() if isinstance(m, Rope)]
-
-    def set_rope_scaling(self, scaling: vispos.RopeScaling | None) -> None:
-        """Replace the scaling of every RoPE module (evaluation-time extension methods)."""
-        modules = self.rope_modules()
-        if not modules:
-            raise ValueError(f"RoPE scaling needs a rope model, this one uses {self.pos!r}")
-        for m in modules:
-            m.scaling = scaling
 
     def set_out_of_range(self, rule: str) -> None:
         """learned1d's behaviour beyond its table: error, clamp or interpolate."""

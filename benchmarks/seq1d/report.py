@@ -7,10 +7,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib import colormaps
+from matplotlib.figure import Figure
 
 METRICS = {"exact": "whole answer exact", "token": "per answer token"}
 
@@ -25,7 +23,7 @@ def row_label(name: str, row: dict[str, Any]) -> str:
     if row["kind"] == "trained" and row["drope"]:
         return f"{name} ({row['pos']}, positions off for the last {100 * row['drope']:.0f}% of steps)"
     if row.get("scaling"):
-        factor = row["scaling"].get("factor", "len/L" if row["scaling"]["type"] != "longrope" else None)
+        factor = row["scaling_options"].get("factor", "len/L" if row["scaling"] != "longrope" else None)
         return f"{name} (factor {factor})" if factor is not None else name
     return name
 
@@ -38,18 +36,6 @@ def markdown_table(results: dict[str, Any], task: str) -> str:
     for name, row in results["tasks"][task]["rows"].items():
         cells = [pct(row["accuracy"][str(n)]) for n in lengths]
         lines.append("| " + " | ".join([row_label(name, row), *cells]) + " |")
-    return "\n".join(lines)
-
-
-def depth_table(results: dict[str, Any], rows: list[str]) -> str:
-    """Passkey accuracy per depth (rows: scheme, depth) for the given schemes."""
-    lengths = results["lengths"]
-    lines = ["| scheme | depth | " + " | ".join(map(str, lengths)) + " |", "|" + " --- |" * (len(lengths) + 2)]
-    for name in rows:
-        by_depth = results["tasks"]["passkey"]["rows"][name]["by_depth"]
-        for depth in by_depth[str(lengths[0])]:
-            cells = [pct(by_depth[str(n)][depth]) for n in lengths]
-            lines.append(f"| {name} | {float(depth):.2f} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -76,7 +62,7 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(parts) + "\n"
 
 
-COLORS = [*(plt.get_cmap("tab10")(i) for i in range(10)), "black", "gold"]
+COLORS = [*(colormaps["tab10"](i) for i in range(10)), "black", "gold"]
 
 
 def extension_rows(rows: dict[str, Any]) -> list[str]:
@@ -88,7 +74,8 @@ def extension_rows(rows: dict[str, Any]) -> list[str]:
 def plot_accuracy(results: dict[str, Any], path: Path) -> None:
     """Accuracy against length per task: the trained schemes (left), extension methods and DroPE (right)."""
     tasks = list(results["tasks"])
-    fig, axes = plt.subplots(len(tasks), 2, figsize=(13, 4.6 * len(tasks)), squeeze=False)
+    fig = Figure(figsize=(13, 4.6 * len(tasks)))
+    axes = fig.subplots(len(tasks), 2, squeeze=False)
     lengths = results["lengths"]
     for (left, right), task in zip(axes, tasks, strict=True):
         rows = results["tasks"][task]["rows"]
@@ -114,7 +101,6 @@ def plot_accuracy(results: dict[str, Any], path: Path) -> None:
                 ax.legend(fontsize=7, loc="lower left")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def plot_depth_heatmaps(results: dict[str, Any], path: Path) -> None:
@@ -123,7 +109,8 @@ def plot_depth_heatmaps(results: dict[str, Any], path: Path) -> None:
     lengths = results["lengths"]
     cols = 5
     nrows = math.ceil(len(rows) / cols)
-    fig, axes = plt.subplots(nrows, cols, figsize=(2.6 * cols, 2.5 * nrows), squeeze=False)
+    fig = Figure(figsize=(2.6 * cols, 2.5 * nrows))
+    axes = fig.subplots(nrows, cols, squeeze=False)
     for ax in axes.flat[len(rows) :]:
         ax.axis("off")
     for ax, (name, row) in zip(axes.flat, rows.items(), strict=False):
@@ -143,13 +130,13 @@ def plot_depth_heatmaps(results: dict[str, Any], path: Path) -> None:
     fig.supylabel("key depth (0: start, 1: next to the question)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def plot_loss(results: dict[str, Any], path: Path) -> None:
     """Training loss curves of the trained schemes (DroPE's jump when positions are dropped shows here)."""
     tasks = list(results["tasks"])
-    fig, axes = plt.subplots(1, len(tasks), figsize=(5.5 * len(tasks), 4), squeeze=False)
+    fig = Figure(figsize=(5.5 * len(tasks), 4))
+    axes = fig.subplots(1, len(tasks), squeeze=False)
     for ax, task in zip(axes[0], tasks, strict=True):
         for name, row in results["tasks"][task]["rows"].items():
             if row["kind"] == "trained":
@@ -163,7 +150,6 @@ def plot_loss(results: dict[str, Any], path: Path) -> None:
     axes[0][-1].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def write_outputs(results: dict[str, Any], out_dir: Path) -> list[Path]:

@@ -8,7 +8,6 @@ depend on how jobs are scheduled.
 
 from __future__ import annotations
 
-import math
 import time
 import zlib
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -20,6 +19,8 @@ import torch
 import torch.nn.functional as F
 
 import vispos
+from train.schedule import warmup_cosine
+from train.seeds import mix_seed
 
 from .config import BenchConfig, SchemeConfig
 from .model import TinyLM
@@ -31,7 +32,7 @@ EvalSets = dict[int, list[tuple[float | None, Batch]]]  # length -> [(passkey de
 
 def seed_for(cfg: BenchConfig, *parts: object) -> int:
     """A stable seed per purpose (same data for every scheme, different for train / eval / search)."""
-    return (cfg.seed * 1_000_003 + zlib.crc32("/".join(map(str, parts)).encode())) % (2**63)
+    return mix_seed(cfg.seed, zlib.crc32("/".join(map(str, parts)).encode()), modulus=2**63)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -53,11 +54,7 @@ def lr_at(step: int, cfg: BenchConfig, drop_at: int | None = None) -> float:
     start, steps = 0, t.steps
     if drop_at is not None and t.drope_schedule == "restart" and step >= drop_at:
         start, steps = drop_at, t.steps - drop_at
-    warm = max(1, round(t.warmup * steps))
-    step -= start
-    if step < warm:
-        return t.lr * (step + 1) / warm
-    return 0.5 * t.lr * (1 + math.cos(math.pi * (step - warm) / max(1, steps - warm)))
+    return warmup_cosine(step - start, steps, max(1, round(t.warmup * steps)), peak=t.lr)
 
 
 def train_model(cfg: BenchConfig, scheme: SchemeConfig, task: Task, device: torch.device) -> tuple[TinyLM, dict]:
@@ -162,9 +159,11 @@ def evaluate(model: TinyLM, task: Task, sets: EvalSets, device: torch.device, ba
     return out
 
 
-def make_scaling(cfg: BenchConfig, options: dict[str, Any], long_factors: list[float] | None) -> vispos.RopeScaling:
-    options = {"original_length": cfg.train.length} | dict(options)
-    if options["type"] == "longrope":
+def make_scaling(cfg: BenchConfig, name: str, options: dict[str, Any],
+                 long_factors: list[float] | None) -> vispos.RopeScaling:
+    """A row's RoPE scaling at the training length; LongRoPE's factors from the config or the search."""
+    options = {"original_length": cfg.train.length, "type": name} | dict(options)
+    if name == "longrope":
         if long_factors is None:
             raise ValueError("longrope needs long_factors (given in the config or found by the search)")
         options.setdefault("factor", cfg.longrope.factor)
@@ -191,14 +190,14 @@ def run_job(cfg: BenchConfig, task_name: str, scheme_name: str) -> dict[str, Any
             model.set_out_of_range(variant.out_of_range)
         else:
             factors = None
-            if variant.scaling["type"] == "longrope":
+            if variant.scaling == "longrope":
                 if longrope is None:
                     longrope = find_longrope(cfg, model, task, device)
                 factors = longrope["long_factors"]
-            model.set_rope_scaling(make_scaling(cfg, variant.scaling, factors))
+            vispos.configure(model, scaling=make_scaling(cfg, variant.scaling, variant.scaling_options, factors))
         rows[variant.name] = {**row_info(variant), **evaluate(model, task, sets, device, cfg.eval.batch_size)}
         if variant.scaling is not None:
-            model.set_rope_scaling(None)
+            vispos.configure(model, scaling=None)
         else:
             model.set_out_of_range(scheme.options.get("out_of_range", "error"))
     if cfg.progress:
@@ -217,7 +216,7 @@ def find_longrope(cfg: BenchConfig, model: TinyLM, task: Task, device: torch.dev
     sets = make_eval_sets(cfg, task, lengths, cfg.longrope.search_samples, "longrope-search")
 
     def objective(factors: list[float]) -> float:
-        model.set_rope_scaling(make_scaling(cfg, {"type": "longrope"}, factors))
+        vispos.configure(model, scaling=make_scaling(cfg, "longrope", {}, factors))
         result = evaluate(model, task, sets, device, cfg.eval.batch_size)
         return sum(result["loss"].values()) / len(lengths)
 
@@ -230,7 +229,7 @@ def find_longrope(cfg: BenchConfig, model: TinyLM, task: Task, device: torch.dev
         mutations=cfg.longrope.candidates,
         rounds=cfg.longrope.rounds,
     )
-    model.set_rope_scaling(None)
+    vispos.configure(model, scaling=None)
     return {"long_factors": best, "searched": True, "objective": value, "tried": tried, "search_lengths": lengths}
 
 

@@ -148,8 +148,8 @@ def layer_logits(
     if norm:
         x = block.norm1(model.norm_pre(x))
     q, k, _, scale, mask = attn.positioned(x, pos.context((h, w), x.device))  # [1, heads, P + HW, head_dim]
-    logits = (q @ k.transpose(-2, -1))[0] * scale  # [heads, P + HW, P + HW]
+    logits = (q @ k.transpose(-2, -1)) * scale  # [1, heads, P + HW, P + HW]
     if mask is not None:
-        logits = logits + mask.to(logits.dtype)
+        logits = logits + mask.to(logits.dtype)  # [1, heads, P + HW, P + HW]
     p = pos.num_prefix_tokens
-    return logits[:, p:, p:]
+    return logits[0, :, p:, p:]

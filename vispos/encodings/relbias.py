@@ -52,31 +52,32 @@ def prefix_bias(num_heads: int, num_prefix_tokens: int, prefix_entries: bool) ->
     return nn.Parameter(torch.zeros(3, num_heads))
 
 
-@register("relbias2d", ndim=2, kind="bias", trainable=True, relative=True, context=("num_heads", "train_grid",
-    "num_prefix_tokens"), per_layer=True, summary="Swin relative position bias: a ((2H-1)(2W-1), heads) table",
-    extrapolation="table resized (bicubic) to the new grid", reference="Liu et al. 2021 (Swin)")
-class RelBias2d(nn.Module):
-    """Swin relative position bias: one learned scalar per head for each (dy, dx) of the training grid.
-
-    ``prefix_entries`` (default on where the model has prefix tokens) adds BEiT's class-token entries.
-    """
+class RelativeBias2d(nn.Module):
+    """What the relative biases share: heads, the training grid and BEiT's prefix entries
+    (``prefix_entries``, on by default where the model has prefix tokens)."""
 
     def __init__(
-        self,
-        *,
-        num_heads: int,
-        train_grid: tuple[int, int] = (14, 14),
-        num_prefix_tokens: int = 0,
-        prefix_entries: bool = True,
-        init_std: float = 0.02,
+        self, num_heads: int, train_grid: tuple[int, int], num_prefix_tokens: int, prefix_entries: bool
     ) -> None:
         super().__init__()
         self.num_heads = check_int("num_heads", num_heads, minimum=1)
         self.train_grid = check_grid(train_grid, "train_grid")
-        h, w = self.train_grid
-        self.table = nn.Parameter(torch.zeros((2 * h - 1) * (2 * w - 1), num_heads))
-        nn.init.trunc_normal_(self.table, std=init_std)
         self.prefix_bias = prefix_bias(self.num_heads, num_prefix_tokens, prefix_entries)
+
+
+@register("relbias2d", ndim=2, kind="bias", trainable=True, relative=True, context=("num_heads", "train_grid",
+    "num_prefix_tokens"), per_layer=True, summary="Swin relative position bias: a ((2H-1)(2W-1), heads) table",
+    extrapolation="table resized (bicubic) to the new grid", reference="Liu et al. 2021 (Swin)")
+class RelBias2d(RelativeBias2d):
+    """Swin relative position bias: one learned scalar per head for each (dy, dx) of the training grid;
+    other grids resize the table bicubically over the (dy, dx) plane."""
+
+    def __init__(self, *, num_heads: int, train_grid: tuple[int, int] = (14, 14), num_prefix_tokens: int = 0,
+                 prefix_entries: bool = True, init_std: float = 0.02) -> None:  # fmt: skip
+        super().__init__(num_heads, train_grid, num_prefix_tokens, prefix_entries)
+        h, w = self.train_grid
+        self.table = nn.Parameter(torch.zeros((2 * h - 1) * (2 * w - 1), self.num_heads))
+        nn.init.trunc_normal_(self.table, std=init_std)
 
     def forward(self, grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
         """-> [heads, HW, HW]; the table is resized when ``grid`` differs from the training grid."""
@@ -98,29 +99,15 @@ def log_spaced_offsets(grid: tuple[int, int], train_grid: tuple[int, int], devic
 @register("cpb2d", ndim=2, kind="bias", trainable=True, relative=True, context=("num_heads", "train_grid",
     "num_prefix_tokens"), per_layer=True, summary="SwinV2 continuous bias: MLP on log-spaced (dy, dx), 16 sigmoid",
     extrapolation="continuous: the MLP is evaluated at new offsets", reference="Liu et al. 2022 (Swin V2)")
-class ContinuousBias2d(nn.Module):
-    """SwinV2 continuous position bias: an MLP on log-spaced (dy, dx), 16 * sigmoid. Extrapolates by design.
+class ContinuousBias2d(RelativeBias2d):
+    """SwinV2 continuous position bias: an MLP on log-spaced (dy, dx), 16 * sigmoid. Extrapolates by design."""
 
-    ``prefix_entries`` (default on where the model has prefix tokens) adds BEiT's class-token entries.
-    """
-
-    def __init__(
-        self,
-        *,
-        num_heads: int,
-        train_grid: tuple[int, int] = (14, 14),
-        num_prefix_tokens: int = 0,
-        prefix_entries: bool = True,
-        hidden: int = 512,
-        max_bias: float = 16.0,
-    ) -> None:
-        super().__init__()
-        self.num_heads = check_int("num_heads", num_heads, minimum=1)
-        self.train_grid = check_grid(train_grid, "train_grid")
+    def __init__(self, *, num_heads: int, train_grid: tuple[int, int] = (14, 14), num_prefix_tokens: int = 0,
+                 prefix_entries: bool = True, hidden: int = 512, max_bias: float = 16.0) -> None:  # fmt: skip
+        super().__init__(num_heads, train_grid, num_prefix_tokens, prefix_entries)
         self.max_bias = check_float("max_bias", max_bias, positive=True)
         hidden = check_int("hidden", hidden, minimum=1)
         self.mlp = nn.Sequential(nn.Linear(2, hidden), nn.ReLU(inplace=True), nn.Linear(hidden, num_heads, bias=False))
-        self.prefix_bias = prefix_bias(self.num_heads, num_prefix_tokens, prefix_entries)
 
     def forward(self, grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
         """-> [heads, HW, HW]."""

@@ -80,10 +80,10 @@ class PatchedAttention(torch.nn.Module):
         q, k = self.q_norm(q), self.k_norm(k)
         if not isinstance(attn_mask, PositionContext):
             return q, k, v, self.scale, attn_mask
-        rotary = attn_mask.rotary[self.layer_idx]
+        rotary, mask = attn_mask.layer(self.layer_idx)
         if rotary is not None:
             q, k = rotary.rotate(q, k)
-        return q, k, v, self.scale * attn_mask.logit_scale, attn_mask.masks[self.layer_idx]
+        return q, k, v, self.scale * attn_mask.logit_scale, mask
 
     def forward(
         self,
@@ -104,7 +104,10 @@ def positioned_attention(attn: PatchedAttention, x: torch.Tensor, attn_mask: obj
     q, k, v, scale, mask = attn.positioned(x, attn_mask)
     dropout_p = attn.attn_drop.p if attn.training else 0.0
     out = sdpa(q, k, v, mask=mask, is_causal=is_causal, fused=attn.fused_attn, scale=scale, dropout_p=dropout_p)
-    out = attn.norm(out.transpose(1, 2).reshape(b, n, attn.num_heads * attn.head_dim))
+    out = out.transpose(1, 2)  # [B, N, heads, head_dim]
+    if torch.compiler.is_exporting():  # a real copy: the ONNX decomposition's strides differ from the kernel's
+        out = out.clone(memory_format=torch.contiguous_format)
+    out = attn.norm(out.reshape(b, n, attn.num_heads * attn.head_dim))
     if gate is not None:
         out = out * gate
     return attn.proj_drop(attn.proj(out))
