@@ -2,8 +2,10 @@
 
     python -m benchmarks.patch_overhead [--reps 10] [--batch 8] [--device cpu|cuda] [--json out.json]
 
-For ``vit_small_patch16_224`` at 224 px (random init): forward and forward + backward time of the
-model patched with every 2D scheme, as a ratio to the unpatched timm model. For comparison, timm's own
+For ``vit_small_patch16_224`` at 224 px (random init): the time of a forward pass under
+``torch.inference_mode()`` (what a user's evaluation sees) and of a training step (forward + backward)
+of the model patched with every 2D scheme, as a ratio to the unpatched timm model, and the SDPA kernel
+each reaches (from the profiler's op names). For comparison, timm's own
 RoPE model (``vit_small_patch16_rope_224``, Eva) and relative-bias model (``vit_relpos_small_patch16_224``)
 against themselves with their positional module removed. Repetitions are interleaved (each round times
 every configuration once) and ratios use per-round medians, so machine noise hits all rows alike.
@@ -22,6 +24,7 @@ import torch
 from torch import nn
 
 import vispos
+from vispos.diagnostics.kernels import sdpa_kernels
 
 MODEL = "vit_small_patch16_224"
 
@@ -69,7 +72,7 @@ def run(reps: int, batch: int, device: torch.device) -> dict[str, dict[str, floa
 
     def forward(m: nn.Module) -> Callable[[], object]:
         def step() -> object:
-            with torch.no_grad():
+            with torch.inference_mode():
                 return m.eval()(x)
 
         return step
@@ -92,7 +95,9 @@ def run(reps: int, batch: int, device: torch.device) -> dict[str, dict[str, floa
             times[label]["fwd+bwd"].append(_time(train_step(m), device))
     results = {}
     for label, (base, _) in configs.items():
-        row = {}
+        steps = {"fwd": forward(models[label]), "fwd+bwd": train_step(models[label])}
+        kernels = {kind: sdpa_kernels(step) for kind, step in steps.items()}
+        row: dict[str, float | str] = {f"{kind} kernel": ", ".join(sorted(k)) or "-" for kind, k in kernels.items()}
         for kind in ("fwd", "fwd+bwd"):
             row[f"{kind} ms"] = 1000 * statistics.median(times[label][kind])
             if base:
@@ -104,13 +109,13 @@ def run(reps: int, batch: int, device: torch.device) -> dict[str, dict[str, floa
 
 def table(results: dict[str, dict[str, float]]) -> str:
     lines = [
-        "| configuration | fwd ms | fwd ratio | fwd+bwd ms | fwd+bwd ratio |",
-        "| --- | ---: | ---: | ---: | ---: |",
+        "| configuration | fwd ms | fwd ratio | fwd+bwd ms | fwd+bwd ratio | SDPA kernel (fwd / training) |",
+        "| --- | ---: | ---: | ---: | ---: | --- |",
     ]
     for label, row in results.items():
         ratio = {k: f"{row[k]:.3f}" if k in row else "1 (baseline)" for k in ("fwd ratio", "fwd+bwd ratio")}
         cells = [label, f"{row['fwd ms']:.1f}", ratio["fwd ratio"], f"{row['fwd+bwd ms']:.1f}", ratio["fwd+bwd ratio"]]
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append("| " + " | ".join([*cells, f"{row['fwd kernel']} / {row['fwd+bwd kernel']}"]) + " |")
     return "\n".join(lines)
 
 
@@ -123,7 +128,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     results = run(args.reps, args.batch, device)
-    print(f"{MODEL} at 224 px, batch {args.batch}, fp32, {device.type}, {args.reps} interleaved rounds")
+    print(f"{MODEL} at 224 px, batch {args.batch}, fp32, {device.type}, {args.reps} interleaved rounds "
+          "(forward under torch.inference_mode; training step = forward + backward)")
     print(table(results))
     if args.json:
         with open(args.json, "w") as f:
