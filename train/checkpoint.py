@@ -46,7 +46,8 @@ def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:  # torch's own text suggests weights_only=False, which is not the remedy here
-        raise RuntimeError(f"cannot load checkpoint {path}: not a file the trainer wrote ({type(e).__name__})") from None
+        why = type(e).__name__
+        raise RuntimeError(f"cannot load checkpoint {path}: not a file the trainer wrote ({why})") from None
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         raise RuntimeError(f"{path} is not a vispos trainer checkpoint (format {FORMAT})")
     return ckpt

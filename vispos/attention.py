@@ -11,6 +11,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.flex_attention import flex_attention
 
 from .encodings.shaw import ShawTables
 
@@ -100,3 +101,50 @@ def shaw_attention(
         probs = F.dropout(probs, p=dropout_p)
     buckets = torch.zeros_like(q_rel).scatter_add_(-1, index, probs)  # weight per offset bucket
     return probs @ v + buckets @ tables.value_table.to(q.dtype)
+
+
+_compiled_flex = torch.compile(flex_attention, dynamic=False)  # compiled on first use, once per shape
+
+
+def offset_score_mod(
+    per_offset: torch.Tensor, grid: tuple[int, int], num_prefix_tokens: int, prefix_bias: torch.Tensor | None
+):  # noqa: ANN201  (a FlexAttention score_mod)
+    """FlexAttention score_mod adding a relative 2D bias looked up per offset, so no [heads, N, N] mask exists.
+
+    ``per_offset`` [heads, 2H-1, 2W-1] holds the bias of offset (dy, dx) = query - key at
+    [dy + H - 1, dx + W - 1]; tokens are P prefix tokens then the grid, row-major. Prefix rows and columns
+    take ``prefix_bias`` [3, heads] (prefix->patch, patch->prefix, prefix->prefix) or zero.
+    """
+    h, w = grid
+    p = num_prefix_tokens
+
+    def score_mod(score, b, head, q_idx, kv_idx):  # noqa: ANN001, ANN202
+        qp, kp = (q_idx - p).clamp(min=0), (kv_idx - p).clamp(min=0)  # patch index (prefix: clamped, unused)
+        bias = per_offset[head, qp // w - kp // w + h - 1, qp % w - kp % w + w - 1]
+        if p:
+            to_patch, from_patch, among = (
+                (prefix_bias[i, head] for i in range(3)) if prefix_bias is not None else (0.0, 0.0, 0.0)
+            )
+            from_prefix = torch.where(kv_idx < p, among, to_patch)
+            bias = torch.where(q_idx < p, from_prefix, torch.where(kv_idx < p, from_patch, bias))
+        return score + bias.to(score.dtype)
+
+    return score_mod
+
+
+def flex_bias_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    per_offset: torch.Tensor,
+    grid: tuple[int, int],
+    *,
+    num_prefix_tokens: int,
+    prefix_bias: torch.Tensor | None,
+    scale: float,
+) -> torch.Tensor:
+    """softmax(q k^T * scale + relative bias) v through FlexAttention (compiled, fused) for q, k, v
+    [B, heads, N, head_dim]; equal to ``sdpa`` with the dense mask, without building it."""
+    score_mod = offset_score_mod(per_offset, grid, num_prefix_tokens, prefix_bias)
+    attend = flex_attention if torch.compiler.is_compiling() else _compiled_flex
+    return attend(q, k, v, score_mod=score_mod, scale=scale)

@@ -13,10 +13,13 @@ from typing import Any
 
 from torch import nn
 
-from ._validate import check_bool, check_grid
+from ._validate import check_bool, check_choice, check_grid
 from .drope import set_enabled
 from .encodings.rope_scaling import RopeScaling
 from .positions import Positions, plain
+from .registry import list_encodings
+
+ATTENTION_BACKENDS: tuple[str, ...] = ("sdpa", "flex")
 
 _KEEP: Any = object()  # "leave this setting as it is"
 
@@ -37,6 +40,7 @@ def configure(
     scaling: RopeScaling | str | dict | None = _KEEP,
     train_grid: tuple[int, int] | None = None,
     log_n_attention: bool | None = None,
+    attention: str | None = None,
     **scaling_options: Any,
 ) -> nn.Module:
     """Inference-time settings for inputs larger than training; no re-patching, no rebuilding.
@@ -47,7 +51,10 @@ def configure(
     unless ``factor=`` is given; 1D RoPE needs ``original_length=`` (the training length) for methods
     that derive the factor from the length. ``log_n_attention`` (2D): True multiplies every logit by
     max(1, ln N / ln N_train) for N patch tokens; works with any scheme. ``train_grid`` (2D) defaults
-    to the grid the model had when it was patched. Settings left out keep their current value.
+    to the grid the model had when it was patched. ``attention`` (2D relative biases: alibi2d, relbias2d,
+    cpb2d): ``"flex"`` computes the bias inside FlexAttention from a per-offset table, so no
+    [heads, N, N] mask is built (the path for large grids, compiled on first use); ``"sdpa"`` (default)
+    hands SDPA one mask per layer. Settings left out keep their current value.
     Returns ``module``.
     """
     positions = [m for m in module.modules() if isinstance(m, Positions)]
@@ -76,6 +83,15 @@ def configure(
             if log_n_attention and tokens < 2:
                 raise ValueError("log_n_attention needs a training grid of at least 2 patches")
             pos.log_n_tokens = tokens if log_n_attention else None
+    if attention is not None:
+        check_choice("attention", attention, ATTENTION_BACKENDS)
+        flexible = list_encodings(2, kind="bias")
+        if attention == "flex" and not any(p.attention_kind == "bias" for p in positions):
+            raise ValueError(f"attention='flex' applies to the 2D biases ({', '.join(flexible)}); "
+                             f"this model uses {_schemes_in_use(module)}")
+        for pos in positions:
+            pos.attention_backend = attention
+            pos.settings["attention"] = attention
     for pos in positions:  # the patched model's record of its settings (saved with its weights)
         if scaling is not _KEEP:
             record = {"scaling": scaling, "train_grid": grid or pos.train_grid, **scaling_options}

@@ -35,6 +35,11 @@ class PositionContext:
         """(rotation: cos/sin [(heads,) N, d] or None, additive mask [1, heads, N, N] or the caller's mask)."""
         return self.positions.layer(self, index)
 
+    def flex(self, index: int) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """Layer ``index``'s bias per offset [heads, 2H-1, 2W-1] and prefix entries [3, heads] when it attends
+        through FlexAttention (``vispos.configure(model, attention="flex")``); None when it uses SDPA."""
+        return self.positions.flex(self, index)
+
 
 def plain(value: Any) -> Any:
     """Settings as plain data (dicts, lists, numbers, strings), safe for ``torch.load(weights_only=True)``."""
@@ -85,10 +90,12 @@ class Positions(nn.Module):
         self.settings: dict[str, Any] = {"pos": list(schemes), "options": plain(options), "train_grid": self.train_grid}
         self.enabled = True
         self.log_n_tokens: int | None = None
+        self.attention_backend = "sdpa"  # or "flex": relative biases through FlexAttention (vispos.configure)
 
     def get_extra_state(self) -> dict[str, Any]:
         settings = {**self.settings, "train_grid": list(self.train_grid)}
-        return {"settings": plain(settings), "enabled": self.enabled, "log_n_tokens": self.log_n_tokens}
+        state = {"settings": plain(settings), "enabled": self.enabled, "log_n_tokens": self.log_n_tokens}
+        return state | {"attention_backend": self.attention_backend}
 
     def set_extra_state(self, state: dict[str, Any]) -> None:
         saved = {**state["settings"], "train_grid": tuple(state["settings"]["train_grid"])}
@@ -100,6 +107,7 @@ class Positions(nn.Module):
         self.settings = saved
         self.enabled = state["enabled"]
         self.log_n_tokens = state["log_n_tokens"]
+        self.attention_backend = state.get("attention_backend", "sdpa")
 
     def _prefixed(self, module: nn.Module, grid: tuple[int, int], device: torch.device) -> Rotary | torch.Tensor:
         """One scheme module's output for all tokens, prefix tokens first: rotations with identity rows for
@@ -130,9 +138,17 @@ class Positions(nn.Module):
         layer's bias mask exists at a time."""
         user = as_float_mask(user_mask, torch.float32)
         shared = None
-        if self.enabled and self.attention is not None and not isinstance(self.attention, nn.ModuleList):
+        flex = self._flex_ready(user)  # then no dense mask is built unless someone asks for one
+        if self.enabled and self.attention is not None and not self._per_layer and not flex:
             shared = self._combined(self._prefixed(self.attention, grid, device), user)
         return PositionContext(self, grid, device, user, shared, self.logit_scale(grid))
+
+    @property
+    def _per_layer(self) -> bool:
+        return isinstance(self.attention, nn.ModuleList)
+
+    def _module(self, index: int) -> nn.Module:
+        return self.attention[index] if self._per_layer else self.attention
 
     def layer(self, ctx: PositionContext, index: int) -> tuple[Rotary | None, torch.Tensor | None]:
         """Layer ``index``'s rotation and additive mask (prefix tokens included)."""
@@ -141,8 +157,19 @@ class Positions(nn.Module):
         if ctx.shared is not None:
             out = ctx.shared
         else:
-            out = self._combined(self._prefixed(self.attention[index], ctx.grid, ctx.device), ctx.user_mask)
+            out = self._combined(self._prefixed(self._module(index), ctx.grid, ctx.device), ctx.user_mask)
         return (out, ctx.user_mask) if self.attention_kind == "rotary" else (None, out)
+
+    def _flex_ready(self, user_mask: torch.Tensor | None) -> bool:
+        """FlexAttention is on and applies: an enabled relative bias, no mask from the caller."""
+        return self.attention_backend == "flex" and self.enabled and self.attention_kind == "bias" and user_mask is None
+
+    def flex(self, ctx: PositionContext, index: int) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """Layer ``index``'s bias per offset and prefix entries, for FlexAttention; None when SDPA is used."""
+        if not self._flex_ready(ctx.user_mask):
+            return None
+        module = self._module(index)
+        return module.offset_bias(ctx.grid, ctx.device), getattr(module, "prefix_bias", None)
 
     def _combined(self, out: Rotary | torch.Tensor, user: torch.Tensor | None) -> Rotary | torch.Tensor:
         """A bias mask plus the caller's mask (a rotation is returned as it is)."""

@@ -24,7 +24,9 @@ schemes) when ``vispos`` is. The contract:
 - Optional host hooks (2D): an additive table may hold ``prefix`` [P, dim] (added to the prefix tokens)
   and define ``adopt_pos_embed(pos_embed [1, P + H*W, dim]) -> bool`` (start from a timm model's own
   table); a bias may hold ``prefix_bias`` [3, heads] (prefix->patch, patch->prefix, prefix->prefix
-  entries; without it prefix rows and columns get zero bias).
+  entries; without it prefix rows and columns get zero bias) and define ``offset_bias(grid, device)``
+  -> [heads, 2H-1, 2W-1], its value per offset (dy, dx), which ``attention="flex"`` looks up instead of
+  building the [heads, N, N] mask.
 
 ``pytest tests/test_registry.py tests/test_properties.py`` then covers the new scheme (shapes, dtypes,
 gradients, patching every timm model kind, declared relative property) with no test edits.

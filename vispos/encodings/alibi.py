@@ -9,7 +9,7 @@ from torch import nn
 
 from .._validate import check_bool, check_grid, check_int, check_positions
 from ..registry import register
-from .relbias import relative_offsets_2d
+from .relbias import bias_from_offsets, offsets_2d
 
 
 def alibi_slopes(num_heads: int) -> torch.Tensor:
@@ -65,7 +65,11 @@ class Alibi2d(nn.Module):
         super().__init__()
         self.num_heads = check_int("num_heads", num_heads, minimum=1)
 
+    def offset_bias(self, grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
+        """-> [heads, 2H-1, 2W-1] fp32, one value per offset (dy, dx)."""
+        distance = offsets_2d(check_grid(grid), device).float().norm(dim=-1)  # [2H-1, 2W-1]
+        return -alibi_slopes(self.num_heads).to(distance.device)[:, None, None] * distance
+
     def forward(self, grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
         """-> [heads, HW, HW] fp32."""
-        distance = relative_offsets_2d(check_grid(grid), device).float().norm(dim=-1)
-        return -alibi_slopes(self.num_heads).to(distance.device)[:, None, None] * distance
+        return bias_from_offsets(self.offset_bias(grid, device), check_grid(grid))

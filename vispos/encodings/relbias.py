@@ -31,6 +31,18 @@ def relative_index_2d(grid: tuple[int, int], device: torch.device | None = None)
     return (rel[..., 0] + h - 1) * (2 * w - 1) + (rel[..., 1] + w - 1)
 
 
+def offsets_2d(grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
+    """Every offset (dy, dx) between two patches of the grid: [2H-1, 2W-1, 2], from (-(H-1), -(W-1))."""
+    h, w = grid
+    dy, dx = torch.arange(-(h - 1), h, device=device), torch.arange(-(w - 1), w, device=device)
+    return torch.stack(torch.meshgrid(dy, dx, indexing="ij"), dim=-1)
+
+
+def bias_from_offsets(per_offset: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+    """A relative bias given per offset, [heads, 2H-1, 2W-1], for every pair of patches: [heads, HW, HW]."""
+    return per_offset.flatten(1)[:, relative_index_2d(grid, per_offset.device)]
+
+
 def resize_bias_table(table: torch.Tensor, old_grid: tuple[int, int], new_grid: tuple[int, int]) -> torch.Tensor:
     """[(2H-1)(2W-1), heads] -> [(2H'-1)(2W'-1), heads], bicubic over the (dy, dx) plane."""
     if same_size(old_grid, new_grid):
@@ -79,12 +91,14 @@ class RelBias2d(RelativeBias2d):
         self.table = nn.Parameter(torch.zeros((2 * h - 1) * (2 * w - 1), self.num_heads))
         nn.init.trunc_normal_(self.table, std=init_std)
 
+    def offset_bias(self, grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
+        """-> [heads, 2H-1, 2W-1], one value per offset; the table is resized when ``grid`` differs from training."""
+        h, w = check_grid(grid)
+        return resize_bias_table(self.table, self.train_grid, (h, w)).T.reshape(self.num_heads, 2 * h - 1, 2 * w - 1)
+
     def forward(self, grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
-        """-> [heads, HW, HW]; the table is resized when ``grid`` differs from the training grid."""
-        grid = check_grid(grid)
-        table = resize_bias_table(self.table, self.train_grid, grid)
-        index = relative_index_2d(grid, self.table.device)
-        return table[index].permute(2, 0, 1)
+        """-> [heads, HW, HW]."""
+        return bias_from_offsets(self.offset_bias(grid, device), check_grid(grid))
 
 
 def log_spaced_offsets(grid: tuple[int, int], train_grid: tuple[int, int], device: torch.device | None = None):
@@ -109,11 +123,12 @@ class ContinuousBias2d(RelativeBias2d):
         hidden = check_int("hidden", hidden, minimum=1)
         self.mlp = nn.Sequential(nn.Linear(2, hidden), nn.ReLU(inplace=True), nn.Linear(hidden, num_heads, bias=False))
 
-    def forward(self, grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
-        """-> [heads, HW, HW]."""
-        grid = check_grid(grid)
+    def offset_bias(self, grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
+        """-> [heads, 2H-1, 2W-1] fp32, one value per offset: the MLP evaluated at the offsets of ``grid``."""
         weight = self.mlp[0].weight
-        inputs = log_spaced_offsets(grid, self.train_grid, weight.device).to(weight.dtype)
-        table = self.mlp(inputs).flatten(0, 1)  # [(2H-1)(2W-1), heads]
-        index = relative_index_2d(grid, weight.device)
-        return self.max_bias * torch.sigmoid(table[index].permute(2, 0, 1).float())
+        inputs = log_spaced_offsets(check_grid(grid), self.train_grid, weight.device).to(weight.dtype)
+        return self.max_bias * torch.sigmoid(self.mlp(inputs).permute(2, 0, 1).float())  # [heads, 2H-1, 2W-1]
+
+    def forward(self, grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
+        """-> [heads, HW, HW] fp32."""
+        return bias_from_offsets(self.offset_bias(grid, device), check_grid(grid))

@@ -9,7 +9,7 @@ from timm.layers import AttentionRope
 from timm.models.eva import EvaAttention
 from timm.models.vision_transformer import Attention as TimmAttention
 
-from ..attention import sdpa
+from ..attention import flex_bias_attention, sdpa
 from ..positions import PositionContext
 
 SUPPORTED_ATTENTION: tuple[type, ...] = (TimmAttention, AttentionRope, EvaAttention)
@@ -85,6 +85,16 @@ class PatchedAttention(torch.nn.Module):
             q, k = rotary.rotate(q, k)
         return q, k, v, self.scale * attn_mask.logit_scale, mask
 
+    def flex_attend(self, x: torch.Tensor, ctx: PositionContext, bias: tuple) -> torch.Tensor:
+        """The same attention through FlexAttention: the relative bias looked up per offset, no mask built."""
+        q, k, v = self.project(x)
+        q, k = self.q_norm(q), self.k_norm(k)
+        per_offset, prefix_bias = bias
+        return flex_bias_attention(
+            q, k, v, per_offset, ctx.grid, num_prefix_tokens=ctx.positions.num_prefix_tokens,
+            prefix_bias=prefix_bias, scale=self.scale * ctx.logit_scale,
+        )  # fmt: skip
+
     def forward(
         self,
         x: torch.Tensor,
@@ -97,13 +107,25 @@ class PatchedAttention(torch.nn.Module):
         return positioned_attention(self, x, attn_mask, is_causal)
 
 
+def flex_supported(x: torch.Tensor) -> bool:
+    """Where FlexAttention runs in torch 2.14: GPUs; on CPU only eager inference (no backward on CPU, and
+    inductor cannot lower it inside a compiled ViT there). Elsewhere the layer uses SDPA with the mask."""
+    if x.device.type != "cpu":
+        return True
+    return not torch.is_grad_enabled() and not torch.compiler.is_compiling()
+
+
 def positioned_attention(attn: PatchedAttention, x: torch.Tensor, attn_mask: object, is_causal: bool) -> torch.Tensor:
     """The patched attention's forward; a torch.fx leaf (the context is a Python object, not a tensor)."""
     b, n, _ = x.shape
     gate = attn.gate(x).sigmoid() if attn.gate is not None else None
-    q, k, v, scale, mask = attn.positioned(x, attn_mask)
     dropout_p = attn.attn_drop.p if attn.training else 0.0
-    out = sdpa(q, k, v, mask=mask, is_causal=is_causal, fused=attn.fused_attn, scale=scale, dropout_p=dropout_p)
+    flex = attn_mask.flex(attn.layer_idx) if isinstance(attn_mask, PositionContext) and not is_causal else None
+    if flex is not None and dropout_p == 0.0 and flex_supported(x):  # FlexAttention has no dropout
+        out = attn.flex_attend(x, attn_mask, flex)
+    else:
+        q, k, v, scale, mask = attn.positioned(x, attn_mask)
+        out = sdpa(q, k, v, mask=mask, is_causal=is_causal, fused=attn.fused_attn, scale=scale, dropout_p=dropout_p)
     out = out.transpose(1, 2)  # [B, N, heads, head_dim]
     if torch.compiler.is_exporting():  # a real copy: the ONNX decomposition's strides differ from the kernel's
         out = out.clone(memory_format=torch.contiguous_format)
