@@ -74,6 +74,9 @@ def configure(
                 raise ValueError("train_grid applies to 2D RoPE; give 1D RoPE its training length as original_length=")
             else:
                 rope.set_scaling(scaling, **scaling_options)
+        for pos in positions:  # each patched model records its settings (saved with its weights)
+            record = {"scaling": scaling, "train_grid": grid or pos.train_grid, **scaling_options}
+            pos.settings["scaling"] = None if scaling is None else plain(record)
     if log_n_attention is not None:
         check_bool("log_n_attention", log_n_attention)
         if not positions:
@@ -83,21 +86,17 @@ def configure(
             if log_n_attention and tokens < 2:
                 raise ValueError("log_n_attention needs a training grid of at least 2 patches")
             pos.log_n_tokens = tokens if log_n_attention else None
+            pos.settings["log_n_attention"] = log_n_attention
     if attention is not None:
         check_choice("attention", attention, ATTENTION_BACKENDS)
-        flexible = list_encodings(2, kind="bias")
         if attention == "flex" and not any(p.attention_kind == "bias" for p in positions):
-            raise ValueError(f"attention='flex' applies to the 2D biases ({', '.join(flexible)}); "
-                             f"this model uses {_schemes_in_use(module)}")
+            raise ValueError(
+                f"attention='flex' applies to the 2D biases ({', '.join(list_encodings(2, kind='bias'))}); "
+                f"this model uses {_schemes_in_use(module)}"
+            )
         for pos in positions:
             pos.attention_backend = attention
             pos.settings["attention"] = attention
-    for pos in positions:  # the patched model's record of its settings (saved with its weights)
-        if scaling is not _KEEP:
-            record = {"scaling": scaling, "train_grid": grid or pos.train_grid, **scaling_options}
-            pos.settings["scaling"] = None if scaling is None else plain(record)
-        if log_n_attention is not None:
-            pos.settings["log_n_attention"] = log_n_attention
     return module
 
 
