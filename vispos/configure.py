@@ -95,8 +95,7 @@ def configure(
                 f"this model uses {_schemes_in_use(module)}"
             )
         for pos in positions:
-            pos.attention_backend = attention
-            pos.settings["attention"] = attention
+            pos.settings["attention"] = attention  # read back as Positions.attention_backend
     return module
 
 

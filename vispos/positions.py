@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ._validate import check_grid
-from .attention import as_float_mask
+from .attention import as_float_mask, combine_masks
 from .encodings.rope import Rotary
 
 
@@ -90,12 +90,10 @@ class Positions(nn.Module):
         self.settings: dict[str, Any] = {"pos": list(schemes), "options": plain(options), "train_grid": self.train_grid}
         self.enabled = True
         self.log_n_tokens: int | None = None
-        self.attention_backend = "sdpa"  # or "flex": relative biases through FlexAttention (vispos.configure)
 
     def get_extra_state(self) -> dict[str, Any]:
         settings = {**self.settings, "train_grid": list(self.train_grid)}
-        state = {"settings": plain(settings), "enabled": self.enabled, "log_n_tokens": self.log_n_tokens}
-        return state | {"attention_backend": self.attention_backend}
+        return {"settings": plain(settings), "enabled": self.enabled, "log_n_tokens": self.log_n_tokens}
 
     def set_extra_state(self, state: dict[str, Any]) -> None:
         saved = {**state["settings"], "train_grid": tuple(state["settings"]["train_grid"])}
@@ -107,7 +105,11 @@ class Positions(nn.Module):
         self.settings = saved
         self.enabled = state["enabled"]
         self.log_n_tokens = state["log_n_tokens"]
-        self.attention_backend = state.get("attention_backend", "sdpa")
+
+    @property
+    def attention_backend(self) -> str:
+        """``"sdpa"`` (default) or ``"flex"`` (relative biases through FlexAttention), as ``configure`` set it."""
+        return self.settings.get("attention", "sdpa")
 
     def _prefixed(self, module: nn.Module, grid: tuple[int, int], device: torch.device) -> Rotary | torch.Tensor:
         """One scheme module's output for all tokens, prefix tokens first: rotations with identity rows for
@@ -173,9 +175,7 @@ class Positions(nn.Module):
 
     def _combined(self, out: Rotary | torch.Tensor, user: torch.Tensor | None) -> Rotary | torch.Tensor:
         """A bias mask plus the caller's mask (a rotation is returned as it is)."""
-        if self.attention_kind == "rotary" or user is None:
-            return out
-        return out + user
+        return out if self.attention_kind == "rotary" else combine_masks(out, user)
 
     def logit_scale(self, grid: tuple[int, int]) -> float:
         """log-n attention scaling: logits x max(1, ln N / ln N_train) for N patch tokens, so attention

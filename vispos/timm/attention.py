@@ -70,14 +70,18 @@ class PatchedAttention(torch.nn.Module):
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
         return q, k, v
 
+    def project_normed(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``project`` followed by timm's q/k norms: q, k, v before positions are applied."""
+        q, k, v = self.project(x)
+        return self.q_norm(q), self.k_norm(k), v
+
     def positioned(
         self, x: torch.Tensor, attn_mask: object = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float, torch.Tensor | None]:
         """What this layer feeds to SDPA for tokens x [B, N, C]: q and k with positions applied, v
         (each [B, heads, N, head_dim]), the logit scale and the additive mask. ``forward`` and the
         diagnostics (``vispos.diagnostics.layer_logits``) both call it, so they cannot disagree."""
-        q, k, v = self.project(x)
-        q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = self.project_normed(x)
         if not isinstance(attn_mask, PositionContext):
             return q, k, v, self.scale, attn_mask
         rotary, mask = attn_mask.layer(self.layer_idx)
@@ -87,8 +91,7 @@ class PatchedAttention(torch.nn.Module):
 
     def flex_attend(self, x: torch.Tensor, ctx: PositionContext, bias: tuple) -> torch.Tensor:
         """The same attention through FlexAttention: the relative bias looked up per offset, no mask built."""
-        q, k, v = self.project(x)
-        q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = self.project_normed(x)
         per_offset, prefix_bias = bias
         return flex_bias_attention(
             q, k, v, per_offset, ctx.grid, num_prefix_tokens=ctx.positions.num_prefix_tokens,
