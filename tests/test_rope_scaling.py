@@ -1,9 +1,11 @@
 """RoPE scaling: inverse frequencies and attention factors against the published formulas (ANCHORS.md),
-written out here in plain Python; factor 1 is plain RoPE; rope2d scales each axis by its own factor."""
+written out here in plain Python; factor 1 is plain RoPE; rope2d scales each axis by its own factor;
+transformers-style configs (``RopeScaling.from_config``) give the scalings shipped models use."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -19,19 +21,50 @@ def plain(d: int, base: float) -> list[float]:
     return [base ** (-2 * i / d) for i in range(d // 2)]
 
 
-def yarn_reference(d: int, base: float, s: float, l0: int, beta_fast: float = 32, beta_slow: float = 1) -> list[float]:
+def yarn_reference(
+    d: int, base: float, s: float, l0: int, beta_fast: float = 32, beta_slow: float = 1, truncate: bool = True
+) -> list[float]:
     """YaRN: frequencies that turn more than beta_fast times over l0 are kept, fewer than beta_slow interpolated
-    (divided by s), a linear ramp between; the correction dims are floored / ceiled as in transformers."""
+    (divided by s), a linear ramp between; the correction dims are floored / ceiled as in transformers, or
+    left fractional with truncate=False (gpt-oss)."""
 
     def correction_dim(rotations: float) -> float:
         return d * math.log(l0 / (2 * math.pi * rotations)) / (2 * math.log(base))
 
-    low, high = max(math.floor(correction_dim(beta_fast)), 0), min(math.ceil(correction_dim(beta_slow)), d - 1)
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, d - 1)
     out = []
     for i, f in enumerate(plain(d, base)):
         interpolate = min(max((i - low) / (high - low), 0.0), 1.0)
         out.append(f / s * interpolate + f * (1 - interpolate))
     return out
+
+
+def llama3_reference(d: int, base: float, s: float, l0: int, low: float = 1.0, high: float = 4.0) -> list[float]:
+    """Llama 3.1: wavelength 2 pi / f below l0 / high: kept; above l0 / low: f / s; between: a blend with
+    weight (l0 / wavelength - low) / (high - low) on the kept frequency."""
+    out = []
+    for f in plain(d, base):
+        wavelength = 2 * math.pi / f
+        if wavelength < l0 / high:
+            out.append(f)
+        elif wavelength > l0 / low:
+            out.append(f / s)
+        else:
+            smooth = (l0 / wavelength - low) / (high - low)
+            out.append((1 - smooth) * f / s + smooth * f)
+    return out
+
+
+def deepseek_attention(s: float, mscale: float, mscale_all_dim: float) -> float:
+    """YaRN's attention factor with DeepSeek's pair: get_mscale(s, mscale) / get_mscale(s, mscale_all_dim)."""
+
+    def get_mscale(scale: float, m: float) -> float:
+        return 0.1 * m * math.log(scale) + 1.0 if scale > 1 else 1.0
+
+    return get_mscale(s, mscale) / get_mscale(s, mscale_all_dim)
 
 
 def reference(kind: str, s: float, length: int, factors: list[float] | None = None) -> tuple[list[float], float]:
@@ -44,6 +77,8 @@ def reference(kind: str, s: float, length: int, factors: list[float] | None = No
         return plain(D, BASE * (s * grown - (s - 1)) ** (D / (D - 2))), 1.0
     if kind == "yarn":
         return yarn_reference(D, BASE, s, L0), (0.1 * math.log(s) + 1 if s > 1 else 1.0)
+    if kind == "llama3":
+        return llama3_reference(D, BASE, s, L0), 1.0
     attention = math.sqrt(1 + math.log(s) / math.log(L0)) if s > 1 else 1.0
     return [f / lam for f, lam in zip(plain(D, BASE), factors, strict=True)], attention
 
@@ -62,7 +97,7 @@ def assert_freqs(got: tuple[torch.Tensor, float], expected: tuple[list[float], f
     assert got[1] == pytest.approx(expected[1], rel=1e-9)
 
 
-@pytest.mark.parametrize("kind", ["linear", "ntk", "dynamic_ntk", "yarn", "longrope"])
+@pytest.mark.parametrize("kind", ["linear", "ntk", "dynamic_ntk", "yarn", "longrope", "llama3"])
 @pytest.mark.parametrize("s", [2.0, 4.0, 16.0])
 def test_scaled_inv_freq_and_attention_equal_formulas(kind: str, s: float) -> None:
     length = int(s * L0)
@@ -78,7 +113,7 @@ def test_yarn_ramp_keeps_fast_and_interpolates_slow_frequencies() -> None:
     assert ((ratio[:-1] - ratio[1:]) >= -1e-7).all()  # monotone ramp in between
 
 
-@pytest.mark.parametrize("kind", ["linear", "ntk", "dynamic_ntk", "yarn", "longrope"])
+@pytest.mark.parametrize("kind", ["linear", "ntk", "dynamic_ntk", "yarn", "longrope", "llama3"])
 def test_factor_one_is_plain_rope(kind: str) -> None:
     extra = {"long_factors": (1.0,) * (D // 2)} if kind == "longrope" else {}
     s = RopeScaling(kind, factor=1.0, original_length=L0, **extra)
@@ -89,7 +124,7 @@ def test_factor_one_is_plain_rope(kind: str) -> None:
     torch.testing.assert_close(rope_inv_freq(D, BASE).double(), torch.tensor(plain(D, BASE), dtype=torch.float64))
 
 
-@pytest.mark.parametrize("kind", ["linear", "ntk", "yarn", "longrope"])
+@pytest.mark.parametrize("kind", ["linear", "ntk", "yarn", "longrope", "llama3"])
 def test_factor_follows_the_length_when_not_given(kind: str) -> None:
     length = 3 * L0
     assert_freqs(scaled_inv_freq(D, BASE, scaling(kind, None), length), reference(kind, 3.0, length, LONG))
@@ -108,6 +143,172 @@ def test_longrope_uses_short_factors_within_training_length() -> None:
     assert_freqs(short, reference("longrope", 4.0, L0, SHORT))
     long = scaled_inv_freq(D, BASE, scaling("longrope", 4.0), L0 + 1)
     assert_freqs(long, reference("longrope", 4.0, L0 + 1, LONG))
+
+
+# --- the scalings shipped models use: Llama 3.1, DeepSeek's YaRN, gpt-oss's YaRN, Phi-3's LongRoPE ----------
+@pytest.mark.parametrize(
+    ("d", "base", "s", "l0", "low", "high"),
+    [(128, 500000.0, 8.0, 8192, 1.0, 4.0), (64, 10000.0, 4.0, 2048, 1.0, 4.0), (64, 10000.0, 16.0, 512, 2.0, 8.0)],
+)
+def test_llama3_frequencies_equal_llama31_formula(
+    d: int, base: float, s: float, l0: int, low: float, high: float
+) -> None:
+    expected = llama3_reference(d, base, s, l0, low, high)
+    wavelengths = [2 * math.pi / f for f in plain(d, base)]
+    bands = {w < l0 / high for w in wavelengths} | {w > l0 / low for w in wavelengths}
+    assert any(l0 / high <= w <= l0 / low for w in wavelengths) and bands == {True, False}  # all three bands
+    sc = RopeScaling("llama3", factor=s, original_length=l0, low_freq_factor=low, high_freq_factor=high)
+    for length in (16, l0, 4 * l0):  # a fixed factor: the same frequencies at every length, no temperature
+        assert_freqs(scaled_inv_freq(d, base, sc, length), (expected, 1.0))
+
+
+def test_llama3_defaults_are_llama31s_band_factors() -> None:
+    sc = RopeScaling("llama3", factor=8.0, original_length=8192)
+    assert (sc.low_freq_factor, sc.high_freq_factor) == (1.0, 4.0)
+    assert_freqs(scaled_inv_freq(128, 500000.0, sc, 8192), (llama3_reference(128, 500000.0, 8.0, 8192), 1.0))
+
+
+@pytest.mark.parametrize(("s", "mscale", "mscale_all_dim"), [(40.0, 0.707, 0.707), (32.0, 1.0, 0.8), (4.0, 0.5, 1.0)])
+def test_yarn_mscale_attention_factor_equals_deepseek_formula(s: float, mscale: float, mscale_all_dim: float) -> None:
+    sc = RopeScaling("yarn", factor=s, original_length=L0, mscale=mscale, mscale_all_dim=mscale_all_dim)
+    inv, attention = scaled_inv_freq(D, BASE, sc, 2 * L0)
+    assert_freqs((inv, attention), (yarn_reference(D, BASE, s, L0), deepseek_attention(s, mscale, mscale_all_dim)))
+    assert attention != pytest.approx(0.1 * math.log(s) + 1) or mscale == mscale_all_dim == 1.0
+
+
+@pytest.mark.parametrize(("base", "l0", "beta_fast", "beta_slow"), [(150000.0, 4096, 32.0, 1.0), (BASE, L0, 16.0, 2.0)])
+def test_yarn_truncate_false_keeps_the_correction_range_fractional(
+    base: float, l0: int, beta_fast: float, beta_slow: float
+) -> None:
+    common = {"factor": 32.0, "original_length": l0, "beta_fast": beta_fast, "beta_slow": beta_slow}
+    exact = scaled_inv_freq(D, base, RopeScaling("yarn", truncate=False, **common), l0)
+    rounded = scaled_inv_freq(D, base, RopeScaling("yarn", **common), l0)
+    assert_freqs(
+        exact, (yarn_reference(D, base, 32.0, l0, beta_fast, beta_slow, truncate=False), 0.1 * math.log(32) + 1)
+    )
+    assert_freqs(rounded, (yarn_reference(D, base, 32.0, l0, beta_fast, beta_slow), 0.1 * math.log(32) + 1))
+    assert (exact[0] - rounded[0]).abs().max() > 1e-3 * exact[0].min()  # the rounding does change frequencies
+
+
+def test_longrope_fixed_factor_as_phi3_beside_the_length_derived_one() -> None:
+    """Phi-3: s = max_position_embeddings / original, fixed: the same temperature at every length (short
+    factors within the original length, long beyond); factor=None derives s from the current length."""
+    phi3 = RopeScaling("longrope", factor=131072 / 4096, original_length=4096, long_factors=tuple(LONG),
+                       short_factors=tuple(SHORT))  # fmt: skip
+    attention = math.sqrt(1 + math.log(32.0) / math.log(4096))
+    assert_freqs(
+        scaled_inv_freq(D, BASE, phi3, 1000), ([f / x for f, x in zip(plain(D, BASE), SHORT, strict=True)], attention)
+    )
+    assert_freqs(
+        scaled_inv_freq(D, BASE, phi3, 5000), ([f / x for f, x in zip(plain(D, BASE), LONG, strict=True)], attention)
+    )
+    derived = replace(phi3, factor=None)
+    assert scaled_inv_freq(D, BASE, derived, 1000)[1] == 1.0  # within the original length: s = 1
+    assert scaled_inv_freq(D, BASE, derived, 8192)[1] == pytest.approx(math.sqrt(1 + math.log(2) / math.log(4096)))
+
+
+# --- transformers-style configs -------------------------------------------------------------------------
+LLAMA31 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+           "original_max_position_embeddings": 8192, "rope_theta": 500000.0}  # fmt: skip
+DEEPSEEK_V2 = {"type": "yarn", "factor": 40, "beta_fast": 32, "beta_slow": 1, "mscale": 0.707,
+               "mscale_all_dim": 0.707, "original_max_position_embeddings": 4096}  # fmt: skip
+GPT_OSS = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+           "original_max_position_embeddings": 4096, "rope_theta": 150000}  # fmt: skip
+PHI3 = {"max_position_embeddings": 131072, "original_max_position_embeddings": 4096, "rope_theta": 10000.0,
+        "rope_scaling": {"type": "longrope", "long_factor": LONG, "short_factor": SHORT}}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        (LLAMA31, RopeScaling("llama3", factor=8.0, original_length=8192)),
+        (DEEPSEEK_V2, RopeScaling("yarn", factor=40, original_length=4096, mscale=0.707, mscale_all_dim=0.707)),
+        (GPT_OSS, RopeScaling("yarn", factor=32.0, original_length=4096, truncate=False)),
+        (
+            PHI3,
+            RopeScaling(
+                "longrope", factor=32.0, original_length=4096, long_factors=tuple(LONG), short_factors=tuple(SHORT)
+            ),
+        ),  # fmt: skip
+        ({"rope_type": "linear", "factor": 4.0}, RopeScaling("linear", factor=4.0)),
+        (
+            {"max_position_embeddings": 2048, "rope_scaling": {"type": "dynamic", "factor": 2.0}},
+            RopeScaling("dynamic_ntk", factor=2.0, original_length=2048),
+        ),  # fmt: skip
+        ({"rope_type": "default", "rope_theta": 1e6}, None),
+        ({"max_position_embeddings": 4096, "rope_scaling": None}, None),
+        ({"type": "mrope", "mrope_section": [16, 24, 24]}, None),  # Qwen2-VL: plain frequencies
+    ],
+)
+def test_from_config_reads_transformers_rope_dicts(config: dict, expected: RopeScaling | None) -> None:
+    assert vispos.RopeScaling.from_config(config) == expected
+
+
+def test_from_config_follows_transformers_defaults() -> None:
+    # yarn without factor: max_position_embeddings / original (DeepSeek-V3 style); a lone mscale is not read
+    sc = RopeScaling.from_config({"rope_type": "yarn", "original_max_position_embeddings": 4096, "mscale": 0.5},
+                                 max_position_embeddings=16384)  # fmt: skip
+    assert sc == RopeScaling("yarn", factor=4.0, original_length=4096)
+    # yarn / llama3 without original_max_position_embeddings: max_position_embeddings stands for it
+    llama = {k: v for k, v in LLAMA31.items() if k != "original_max_position_embeddings"}
+    assert RopeScaling.from_config(llama, max_position_embeddings=1024).original_length == 1024
+    # the model config's original_max_position_embeddings wins (Phi-3 keeps it at the top level)
+    nested = {**PHI3, "rope_scaling": {**PHI3["rope_scaling"], "original_max_position_embeddings": 8192}}
+    assert RopeScaling.from_config(nested).original_length == 4096
+
+
+@pytest.mark.parametrize(
+    ("config", "error", "match"),
+    [
+        ({"rope_type": "su"}, ValueError, r"unknown rope_type 'su'; accepted: default, mrope, linear, dynamic, yarn"),
+        ({"rope_type": "yarn", "factor": 4.0, "scale": 2}, TypeError, r"unknown RoPE config key\(s\) scale .*factor"),
+        ({"rope_type": "dynamic", "factor": 2.0}, ValueError, r"grows from max_position_embeddings"),
+        ({"rope_type": "longrope", "long_factor": LONG}, ValueError, r"without factor needs max_position_embeddings"),
+        (
+            {
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "original_max_position_embeddings": 8192,
+                "low_freq_factor": 4.0,
+                "high_freq_factor": 1.0,
+            },
+            ValueError,
+            r"high_freq_factor must exceed low_freq_factor",
+        ),  # fmt: skip
+    ],
+)
+def test_from_config_bad_input_names_what_is_accepted(config: dict, error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        RopeScaling.from_config(config)
+
+
+def test_from_config_values_equal_transformers_when_installed() -> None:
+    """The optional cross-check: transformers' own rope init functions on the same configs (skipped without it)."""
+    pytest.importorskip("transformers")
+    from transformers import LlamaConfig, Phi3Config
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    d = 64
+    cases = [  # (config class, rope dict, max_position_embeddings, seq_len, extra config fields)
+        (LlamaConfig, {**LLAMA31, "rope_theta": 500000.0}, 131072, None, {}),
+        (LlamaConfig, {**DEEPSEEK_V2, "rope_type": "yarn", "rope_theta": 10000.0}, 163840, None, {}),
+        (LlamaConfig, {**DEEPSEEK_V2, "rope_type": "yarn", "mscale": 1.0, "mscale_all_dim": 0.8}, 163840, None, {}),
+        (LlamaConfig, {**GPT_OSS, "rope_theta": 150000.0}, 131072, None, {}),
+        (LlamaConfig, {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}, 2048, 6000, {}),
+        (LlamaConfig, {"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0}, 2048, None, {}),
+    ]
+    long, short = [1.0 + 0.25 * i for i in range(d // 2)], [1.0 + 0.01 * i for i in range(d // 2)]
+    phi3 = {"rope_type": "longrope", "long_factor": long, "short_factor": short, "rope_theta": 10000.0}
+    cases += [(Phi3Config, phi3, 131072, n, {"original_max_position_embeddings": 4096}) for n in (1000, 5000)]
+    for config_class, rope, max_len, seq_len, extra in cases:
+        theta = rope.get("rope_theta", 10000.0)
+        hf = config_class(hidden_size=4 * d, num_attention_heads=4, max_position_embeddings=max_len,
+                          rope_parameters={k: v for k, v in rope.items() if k != "type"}, **extra)  # fmt: skip
+        inv_hf, att_hf = ROPE_INIT_FUNCTIONS[hf.rope_parameters["rope_type"]](hf, "cpu", seq_len=seq_len)
+        ours = RopeScaling.from_config({"max_position_embeddings": max_len, "rope_scaling": rope, **extra})
+        inv, att = scaled_inv_freq(d, theta, ours, seq_len or max_len)
+        torch.testing.assert_close(inv.double(), inv_hf.double(), rtol=1e-6, atol=0)
+        assert att == pytest.approx(att_hf, rel=1e-9)
 
 
 @pytest.mark.parametrize("kind", ["linear", "yarn"])
@@ -147,7 +348,7 @@ def test_rope2d_yarn_attention_factor_is_geometric_mean_of_axes() -> None:
     ("options", "error", "match"),
     [
         ({"type": "linear", "factor": 0.5}, ValueError, r"scaling factor must be >= 1"),
-        ({"type": "cubic", "factor": 2.0}, ValueError, r"accepted: linear, ntk, dynamic_ntk, yarn, longrope"),
+        ({"type": "cubic", "factor": 2.0}, ValueError, r"accepted: linear, ntk, dynamic_ntk, yarn, longrope, llama3"),
         ({"type": "yarn", "factor": 2.0}, ValueError, r"'yarn' scaling needs original_length"),
         ({"type": "longrope", "factor": 2.0, "long_factors": [1.0] * 4}, ValueError, r"needs original_length"),
         ({"type": "dynamic_ntk", "factor": 2.0}, ValueError, r"needs original_length"),
@@ -166,6 +367,24 @@ def test_rope2d_yarn_attention_factor_is_geometric_mean_of_axes() -> None:
             r"unknown RoPE scaling option\(s\) factr; accepted: type, factor",
         ),
         ({"type": "yarn", "original_length": 8, "beta_fast": 1.0}, ValueError, r"beta_fast must exceed beta_slow"),
+        ({"type": "yarn", "original_length": 8, "mscale": 1.0}, ValueError, r"mscale and mscale_all_dim go together"),
+        ({"type": "yarn", "original_length": 8, "truncate": "no"}, TypeError, r"truncate must be a bool"),
+        ({"type": "llama3", "factor": 8.0}, ValueError, r"'llama3' scaling needs original_length"),
+        (
+            {"type": "llama3", "original_length": 8, "low_freq_factor": 2.0, "high_freq_factor": 2.0},
+            ValueError,
+            r"high_freq_factor must exceed low_freq_factor, got 2.0 <= 2.0",
+        ),
+        (
+            {"type": "yarn", "original_length": 8, "low_freq_factor": 2.0},
+            ValueError,
+            r"low_freq_factor: options of 'llama3' scaling only, not of 'yarn'",
+        ),
+        (
+            {"type": "ntk", "factor": 2.0, "truncate": False},
+            ValueError,
+            r"truncate: options of 'yarn' scaling only",
+        ),
     ],
 )
 def test_bad_scaling_names_what_is_accepted(options: dict, error: type, match: str) -> None:

@@ -7,26 +7,53 @@ The formulas follow the papers and Hugging Face transformers' rope utilities:
 - ``ntk`` (NTK-aware, bloc97): base' = base * s ** (d / (d - 2)).
 - ``dynamic_ntk``: base' = base * (s * L / L0 - (s - 1)) ** (d / (d - 2)), with L = max(L, L0).
 - ``yarn`` (Peng et al. 2023): per-frequency ramp between interpolation and extrapolation, set by how
-  many rotations a frequency makes over the original length (beta_fast, beta_slow); attention factor
-  0.1 ln s + 1 multiplies cos and sin.
+  many rotations a frequency makes over the original length (beta_fast, beta_slow; the ramp's ends
+  rounded to whole pairs unless ``truncate=False``, as in gpt-oss); attention factor m(s) = 0.1 ln s + 1
+  multiplies cos and sin, or m(s, mscale) / m(s, mscale_all_dim) with m(s, a) = 0.1 a ln s + 1 when
+  both are given (DeepSeek-V2/V3).
 - ``longrope`` (Ding et al. 2024): inv_freq / lambda_i with given per-frequency factors (a short set for
   lengths within the original, a long set beyond); attention factor sqrt(1 + ln s / ln L0).
+- ``llama3`` (Llama 3.1): frequencies whose wavelength 2 pi / f exceeds L0 / low_freq_factor are
+  interpolated (f / s), those below L0 / high_freq_factor kept, a smooth blend in between; no attention
+  factor.
 
 ``s`` is ``factor`` when given, else derived from the current length: max(1, L / L0) (for ``dynamic_ntk``
-s = 1, since its formula already grows with L).
+s = 1, since its formula already grows with L). Shipped models fix it: Phi-3's LongRoPE uses
+s = max_position_embeddings / original_max_position_embeddings, which ``RopeScaling.from_config`` reads.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
+from typing import Any
 
 import torch
 
-from .._validate import check_choice, check_float, check_int
+from .._validate import check_bool, check_choice, check_float, check_int
 
-SCALING_TYPES: tuple[str, ...] = ("linear", "ntk", "dynamic_ntk", "yarn", "longrope")
+SCALING_TYPES: tuple[str, ...] = ("linear", "ntk", "dynamic_ntk", "yarn", "longrope", "llama3")
+# options that belong to one scaling type, with the defaults that type fills in (None: no default)
+TYPE_OPTIONS: dict[str, dict[str, object]] = {
+    "yarn": {"mscale": None, "mscale_all_dim": None, "truncate": True},
+    "longrope": {"long_factors": None, "short_factors": None},
+    "llama3": {"low_freq_factor": 1.0, "high_freq_factor": 4.0},
+}
+# transformers' rope_type -> vispos type (None: plain RoPE)
+HF_ROPE_TYPES: dict[str, str | None] = {
+    "default": None, "mrope": None, "linear": "linear", "dynamic": "dynamic_ntk", "yarn": "yarn",
+    "longrope": "longrope", "llama3": "llama3",
+}  # fmt: skip
+# transformers' rope_scaling / rope_parameters keys -> RopeScaling fields
+HF_KEYS: dict[str, str] = {
+    "factor": "factor", "original_max_position_embeddings": "original_length", "beta_fast": "beta_fast",
+    "beta_slow": "beta_slow", "attention_factor": "attention_factor", "mscale": "mscale",
+    "mscale_all_dim": "mscale_all_dim", "truncate": "truncate", "low_freq_factor": "low_freq_factor",
+    "high_freq_factor": "high_freq_factor", "long_factor": "long_factors", "short_factor": "short_factors",
+}  # fmt: skip
+# keys of the rotation itself, not of its scaling: options of the scheme (theta, dim, sections), left to the caller
+HF_ROTATION_KEYS: tuple[str, ...] = ("rope_theta", "partial_rotary_factor", "mrope_section", "mrope_interleaved")
 
 
 def rope_inv_freq(dim: int, theta: float) -> torch.Tensor:
@@ -36,7 +63,12 @@ def rope_inv_freq(dim: int, theta: float) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class RopeScaling:
-    """How to stretch RoPE beyond its training length; validated on construction."""
+    """How to stretch RoPE beyond its training length; validated on construction.
+
+    Options of one type (``TYPE_OPTIONS``) are refused by the others; left at None, they take that type's
+    default: yarn ``truncate=True`` (``mscale`` / ``mscale_all_dim`` unset), llama3 ``low_freq_factor=1``,
+    ``high_freq_factor=4``.
+    """
 
     type: str
     factor: float | None = None  # None: max(1, length / original_length), recomputed for each length
@@ -44,17 +76,23 @@ class RopeScaling:
     beta_fast: float = 32.0
     beta_slow: float = 1.0
     attention_factor: float | None = None  # override the method's default temperature
-    long_factors: tuple[float, ...] | None = None
-    short_factors: tuple[float, ...] | None = None
+    long_factors: tuple[float, ...] | None = None  # longrope: one per rotary frequency, beyond original_length
+    short_factors: tuple[float, ...] | None = None  # longrope: within original_length (None: long_factors)
+    mscale: float | None = None  # yarn: attention factor m(s, mscale) / m(s, mscale_all_dim); both or neither
+    mscale_all_dim: float | None = None
+    truncate: bool | None = None  # yarn: round the ramp's ends to whole pairs (default True)
+    low_freq_factor: float | None = None  # llama3: wavelengths above original_length / this are interpolated
+    high_freq_factor: float | None = None  # llama3: wavelengths below original_length / this are kept
 
     def __post_init__(self) -> None:
         check_choice("RoPE scaling type", self.type, SCALING_TYPES)
+        self._fill_type_options()
         if self.factor is not None:
             if check_float("scaling factor", self.factor) < 1.0:
                 raise ValueError(f"scaling factor must be >= 1 (1 = no scaling), got {self.factor}")
         if self.original_length is not None:
             check_int("original_length", self.original_length, minimum=1)
-        needs_length = self.type in ("yarn", "longrope", "dynamic_ntk") or self.factor is None
+        needs_length = self.type in ("yarn", "longrope", "dynamic_ntk", "llama3") or self.factor is None
         if needs_length and self.original_length is None:
             why = f"{self.type!r} scaling" if self.type != "linear" and self.type != "ntk" else "factor=None"
             raise ValueError(f"{why} needs original_length (the training length)")
@@ -64,20 +102,106 @@ class RopeScaling:
             raise ValueError(f"beta_fast must exceed beta_slow, got {self.beta_fast} <= {self.beta_slow}")
         if self.attention_factor is not None:
             check_float("attention_factor", self.attention_factor, positive=True)
-        if self.type == "longrope":
-            if self.long_factors is None:
-                raise ValueError("'longrope' scaling needs long_factors (one per rotary frequency, dim / 2)")
-            for name in ("long_factors", "short_factors"):
-                values = getattr(self, name)
-                if values is not None:
-                    object.__setattr__(self, name, tuple(check_float(name, v, positive=True) for v in values))
-        elif self.long_factors is not None or self.short_factors is not None:
-            raise ValueError("long_factors / short_factors are options of 'longrope' scaling only")
+        if self.type == "yarn":
+            self._check_yarn()
+        elif self.type == "longrope":
+            self._check_longrope()
+        elif self.type == "llama3":
+            low = check_float("low_freq_factor", self.low_freq_factor, positive=True)
+            if check_float("high_freq_factor", self.high_freq_factor, positive=True) <= low:
+                raise ValueError(f"high_freq_factor must exceed low_freq_factor, got {self.high_freq_factor} <= {low}")
+
+    def _fill_type_options(self) -> None:
+        """Refuse another type's options; give this type's unset options their defaults."""
+        for kind, defaults in TYPE_OPTIONS.items():
+            if kind == self.type:
+                for name, default in defaults.items():
+                    if getattr(self, name) is None:
+                        object.__setattr__(self, name, default)
+                continue
+            given = [name for name in defaults if getattr(self, name) is not None]
+            if given:
+                raise ValueError(f"{' / '.join(given)}: options of {kind!r} scaling only, not of {self.type!r}")
+
+    def _check_yarn(self) -> None:
+        check_bool("truncate", self.truncate)
+        if (self.mscale is None) != (self.mscale_all_dim is None):
+            raise ValueError(
+                "mscale and mscale_all_dim go together (attention factor m(s, mscale) / m(s, mscale_all_dim)); "
+                f"got mscale={self.mscale}, mscale_all_dim={self.mscale_all_dim}"
+            )
+        if self.mscale is not None:
+            check_float("mscale", self.mscale, positive=True)
+            check_float("mscale_all_dim", self.mscale_all_dim, positive=True)
+
+    def _check_longrope(self) -> None:
+        if self.long_factors is None:
+            raise ValueError("'longrope' scaling needs long_factors (one per rotary frequency, dim / 2)")
+        for name in ("long_factors", "short_factors"):
+            values = getattr(self, name)
+            if values is not None:
+                object.__setattr__(self, name, tuple(check_float(name, v, positive=True) for v in values))
 
     def resolve_factor(self, length: int) -> float:
         if self.factor is not None:
             return self.factor
         return max(1.0, length / self.original_length)  # type: ignore[operator]
+
+    @classmethod
+    def from_config(
+        cls, config: Mapping[str, Any], *, max_position_embeddings: int | None = None
+    ) -> RopeScaling | None:
+        """The scaling of a transformers RoPE config; None for plain RoPE (``rope_type`` default).
+
+        ``config``: a ``rope_scaling`` / ``rope_parameters`` dict, or a whole model config (``config.json``
+        read as a dict) holding one, whose ``max_position_embeddings`` and ``original_max_position_embeddings``
+        are then read too. ``rope_type`` (or the older ``type``) is one of ``HF_ROPE_TYPES``; the other keys
+        map to fields by ``HF_KEYS``; keys of the rotation itself (``HF_ROTATION_KEYS``: theta, partial
+        rotary, mrope sections) are left to the caller. As transformers reads them:
+
+        - ``original_max_position_embeddings``: the dict's, else the model config's (which wins for longrope:
+          Phi-3 keeps it there), else ``max_position_embeddings``;
+        - yarn / longrope without ``factor``: max_position_embeddings / original (Phi-3's fixed LongRoPE factor);
+        - dynamic grows from ``max_position_embeddings``; yarn's ``mscale`` / ``mscale_all_dim`` count only as a pair.
+        """
+        rope, model_orig = config, None
+        for key in ("rope_parameters", "rope_scaling"):
+            if key in config:  # a whole model config
+                rope, model_orig = config[key] or {}, config.get("original_max_position_embeddings")
+                if max_position_embeddings is None:
+                    max_position_embeddings = config.get("max_position_embeddings")
+                break
+        return _from_hf(dict(rope), max_position_embeddings, model_orig)
+
+
+def _from_hf(rope: dict[str, Any], max_len: int | None, model_orig: int | None) -> RopeScaling | None:
+    """``RopeScaling.from_config`` on the rope dict itself; absent and None values are the same."""
+    rope_type = rope.pop("rope_type", rope.pop("type", "default"))
+    if rope_type not in HF_ROPE_TYPES:
+        raise ValueError(f"unknown rope_type {rope_type!r}; accepted: {', '.join(HF_ROPE_TYPES)}")
+    unknown = sorted(set(rope) - set(HF_KEYS) - set(HF_ROTATION_KEYS))
+    if unknown:
+        accepted = ", ".join((*HF_KEYS, *HF_ROTATION_KEYS))
+        raise TypeError(f"unknown RoPE config key(s) {', '.join(unknown)} for {rope_type!r}; accepted: {accepted}")
+    kind = HF_ROPE_TYPES[rope_type]
+    if kind is None:
+        return None
+    options = {HF_KEYS[k]: v for k, v in rope.items() if k in HF_KEYS and v is not None}
+    orig = model_orig if model_orig is not None else options.get("original_length", max_len)
+    if kind == "dynamic_ntk":  # transformers grows it from max_position_embeddings, whatever else is given
+        if max_len is None:
+            raise ValueError("'dynamic' scaling grows from max_position_embeddings; pass it (or the model config)")
+        orig = max_len
+    if orig is not None:
+        options["original_length"] = int(orig)
+    if kind in ("yarn", "longrope") and "factor" not in options:
+        if max_len is None or orig is None:
+            raise ValueError(f"{rope_type!r} without factor needs max_position_embeddings (factor = max / original)")
+        options["factor"] = max_len / orig
+    if kind == "yarn" and not (options.get("mscale") and options.get("mscale_all_dim")):
+        for name in ("mscale", "mscale_all_dim"):  # transformers reads them only as a pair
+            options.pop(name, None)
+    return as_scaling(kind, **options)
 
 
 def as_scaling(
@@ -118,14 +242,36 @@ def _yarn_correction_dim(rotations: float, dim: int, theta: float, original_leng
     return dim * math.log(original_length / (rotations * 2 * math.pi)) / (2 * math.log(theta))
 
 
-def yarn_ramp(dim: int, theta: float, original_length: int, beta_fast: float, beta_slow: float) -> torch.Tensor:
-    """YaRN's extrapolation weight per frequency, [dim // 2]: 1 keeps the frequency, 0 interpolates it."""
-    low = max(math.floor(_yarn_correction_dim(beta_fast, dim, theta, original_length)), 0)
-    high = min(math.ceil(_yarn_correction_dim(beta_slow, dim, theta, original_length)), dim - 1)
+def yarn_ramp(
+    dim: int, theta: float, original_length: int, beta_fast: float, beta_slow: float, *, truncate: bool = True
+) -> torch.Tensor:
+    """YaRN's extrapolation weight per frequency, [dim // 2]: 1 keeps the frequency, 0 interpolates it.
+
+    The ramp runs between the pairs that turn ``beta_fast`` and ``beta_slow`` times over the original
+    length, floored / ceiled to whole pairs when ``truncate`` (gpt-oss keeps them fractional)."""
+    low = _yarn_correction_dim(beta_fast, dim, theta, original_length)
+    high = _yarn_correction_dim(beta_slow, dim, theta, original_length)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
     if low == high:
         high += 0.001  # avoid a zero-width ramp
     ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
     return 1.0 - ramp
+
+
+def yarn_mscale(s: float, mscale: float = 1.0) -> float:
+    """YaRN's attention temperature m(s, a) = 0.1 a ln s + 1 (1 when s <= 1)."""
+    return 0.1 * mscale * math.log(s) + 1.0 if s > 1 else 1.0
+
+
+def llama3_blend(
+    dim: int, theta: float, original_length: int, low_freq_factor: float, high_freq_factor: float
+) -> torch.Tensor:
+    """Llama 3.1's weight of the unscaled frequency per pair, [dim // 2]: 1 for wavelengths 2 pi / f below
+    L0 / high_freq_factor, 0 above L0 / low_freq_factor, (L0 / wavelength - low) / (high - low) between."""
+    wavelength = 2 * math.pi / rope_inv_freq(dim, theta)
+    return ((original_length / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor)).clamp(0, 1)
 
 
 def check_scaling_dim(scaling: RopeScaling | None, dim: int) -> None:
@@ -140,33 +286,59 @@ def check_scaling_dim(scaling: RopeScaling | None, dim: int) -> None:
             )
 
 
+# --- one function per type: (dim, theta, scaling, factor s, length) -> (inv_freq [dim // 2], attention factor)
+Method = Callable[[int, float, RopeScaling, float, int], tuple[torch.Tensor, float]]
+
+
+def _linear(dim: int, theta: float, sc: RopeScaling, s: float, length: int) -> tuple[torch.Tensor, float]:
+    return rope_inv_freq(dim, theta) / s, 1.0
+
+
+def _ntk(dim: int, theta: float, sc: RopeScaling, s: float, length: int) -> tuple[torch.Tensor, float]:
+    return rope_inv_freq(dim, theta * s ** (dim / (dim - 2))), 1.0
+
+
+def _dynamic_ntk(dim: int, theta: float, sc: RopeScaling, s: float, length: int) -> tuple[torch.Tensor, float]:
+    a = sc.factor if sc.factor is not None else 1.0  # L / L0 below already follows the length
+    grown = max(length, sc.original_length) / sc.original_length  # type: ignore[operator]
+    return rope_inv_freq(dim, theta * (a * grown - (a - 1)) ** (dim / (dim - 2))), 1.0
+
+
+def _yarn(dim: int, theta: float, sc: RopeScaling, s: float, length: int) -> tuple[torch.Tensor, float]:
+    base = rope_inv_freq(dim, theta)
+    keep = yarn_ramp(dim, theta, sc.original_length, sc.beta_fast, sc.beta_slow, truncate=sc.truncate)  # type: ignore[arg-type]
+    if sc.mscale is None:
+        attention = yarn_mscale(s)
+    else:
+        attention = yarn_mscale(s, sc.mscale) / yarn_mscale(s, sc.mscale_all_dim)  # type: ignore[arg-type]
+    return base / s * (1 - keep) + base * keep, attention
+
+
+def _longrope(dim: int, theta: float, sc: RopeScaling, s: float, length: int) -> tuple[torch.Tensor, float]:
+    check_scaling_dim(sc, dim)
+    use_long = length > sc.original_length or sc.short_factors is None  # type: ignore[operator]
+    factors = sc.long_factors if use_long else sc.short_factors
+    attention = math.sqrt(1 + math.log(s) / math.log(sc.original_length)) if s > 1 else 1.0  # type: ignore[arg-type]
+    return rope_inv_freq(dim, theta) / torch.tensor(factors, dtype=torch.float32), attention
+
+
+def _llama3(dim: int, theta: float, sc: RopeScaling, s: float, length: int) -> tuple[torch.Tensor, float]:
+    base = rope_inv_freq(dim, theta)
+    keep = llama3_blend(dim, theta, sc.original_length, sc.low_freq_factor, sc.high_freq_factor)  # type: ignore[arg-type]
+    return base / s * (1 - keep) + base * keep, 1.0
+
+
+METHODS: dict[str, Method] = {
+    "linear": _linear, "ntk": _ntk, "dynamic_ntk": _dynamic_ntk, "yarn": _yarn, "longrope": _longrope,
+    "llama3": _llama3,
+}  # fmt: skip
+
+
 def scaled_inv_freq(dim: int, theta: float, scaling: RopeScaling | None, length: int) -> tuple[torch.Tensor, float]:
     """Inverse frequencies [dim // 2] and the attention factor for a sequence of ``length`` tokens."""
     if scaling is None:
         return rope_inv_freq(dim, theta), 1.0
-    s = scaling.resolve_factor(length)
-    kind = scaling.type
-    attention = 1.0
-    if kind == "linear":
-        inv_freq = rope_inv_freq(dim, theta) / s
-    elif kind == "ntk":
-        inv_freq = rope_inv_freq(dim, theta * s ** (dim / (dim - 2)))
-    elif kind == "dynamic_ntk":
-        a = scaling.factor if scaling.factor is not None else 1.0  # L / L0 below already follows the length
-        grown = max(length, scaling.original_length) / scaling.original_length  # type: ignore[operator]
-        inv_freq = rope_inv_freq(dim, theta * (a * grown - (a - 1)) ** (dim / (dim - 2)))
-    elif kind == "yarn":
-        base = rope_inv_freq(dim, theta)
-        keep = yarn_ramp(dim, theta, scaling.original_length, scaling.beta_fast, scaling.beta_slow)  # type: ignore[arg-type]
-        inv_freq = base / s * (1 - keep) + base * keep
-        attention = 0.1 * math.log(s) + 1.0 if s > 1 else 1.0
-    else:  # longrope
-        check_scaling_dim(scaling, dim)
-        use_long = length > scaling.original_length or scaling.short_factors is None  # type: ignore[operator]
-        factors = scaling.long_factors if use_long else scaling.short_factors
-        inv_freq = rope_inv_freq(dim, theta) / torch.tensor(factors, dtype=torch.float32)
-        if s > 1:
-            attention = math.sqrt(1 + math.log(s) / math.log(scaling.original_length))  # type: ignore[arg-type]
+    inv_freq, attention = METHODS[scaling.type](dim, theta, scaling, scaling.resolve_factor(length), length)
     if scaling.attention_factor is not None:
         attention = scaling.attention_factor
     return inv_freq, attention
