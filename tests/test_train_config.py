@@ -101,4 +101,19 @@ def test_shipped_configs_validate() -> None:
     assert any(p.name == "fmnist_extrapolation.yaml" for p in configs)
     for path in configs:
         cfg = load_config(path)
-        assert cfg.schemes and cfg.eval.protocols == ["resize", "canvas"]
+        assert cfg.schemes and "resize" in cfg.eval.protocols
+
+
+def test_multires_seeds_and_finetune_checks() -> None:
+    with pytest.raises(ConfigError, match=r"sizes in \[1, data\.img_size=28\].*got \[16, 32\]"):
+        config_from_dict({**BASE, "train": {"sizes": [16, 32]}})  # no training image above the base size
+    with pytest.raises(ConfigError, match="give sizes .* or size_range .*, not both"):
+        config_from_dict({**BASE, "train": {"sizes": [16], "size_range": [16, 28]}})
+    with pytest.raises(ConfigError, match=r"size_range is \[min, max\] with min <= max"):
+        config_from_dict({**BASE, "train": {"size_range": [28, 16]}})
+    with pytest.raises(ConfigError, match="distinct seeds"):
+        config_from_dict({**BASE, "seeds": [0, 0]})
+    with pytest.raises(ConfigError, match="finetune: size, steps and batch_size must be >= 1"):
+        config_from_dict({**BASE, "finetune": {"size": 56, "steps": 0}})
+    cfg = config_from_dict(apply_overrides(BASE, ["seeds=[0,1,2]", "finetune.size=56", "train.size_range=[12,28]"]))
+    assert cfg.seeds == [0, 1, 2] and cfg.finetune.size == 56 and cfg.train.size_range == [12, 28]

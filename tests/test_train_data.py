@@ -1,4 +1,5 @@
-"""Data: Fashion-MNIST idx reading, folder subsetting without copies, corrupt files, eval protocols."""
+"""Data: Fashion-MNIST idx reading, folder subsetting without copies, corrupt files, eval protocols,
+multi-resolution training sizes."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from train.config import DataConfig, ExperimentConfig, config_from_dict
+from train.config import ConfigError, DataConfig, ExperimentConfig, TrainConfig, config_from_dict
 from train.data import CorruptImageError, DataBundle, DataError, build_data, find_fashion_mnist, read_idx
-from train.loaders import EvalLoader, TrainLoader
+from train.loaders import EvalLoader, TrainLoader, train_sizes
 from train.runtime import Dist
 from train.testing import TINY, make_image_folder
 from train.transforms import canvas_offsets, place_on_canvas
@@ -162,3 +163,33 @@ def test_folder_augmentation_is_a_function_of_seed_epoch_and_index(tmp_path: Pat
     assert all(torch.equal(a, b) for a, b in zip(*runs, strict=True))
     other_epoch = [b.x for b in train_loader(data, cfg).epoch(1)]
     assert not all(torch.equal(a, b) for a, b in zip(runs[0], other_epoch, strict=True))
+
+
+def test_multires_size_is_a_function_of_seed_epoch_step_shared_by_every_rank() -> None:
+    cfg = config_from_dict({**TINY, "train": {"batch_size": 20, "sizes": [16, 20, 28]}})
+    data = build_data(cfg.data)
+    sizes = train_sizes(cfg.train, 28, 4)
+
+    def loader(dist: Dist, drawn: list[int] | None = sizes) -> TrainLoader:
+        return TrainLoader(data, cfg.data, batch_size=20, seed=cfg.seed, dist=dist, sizes=drawn)
+
+    single, ranks = loader(Dist()), [loader(Dist(r, 2)) for r in (0, 1)]
+    plan = [single.size_at(e, s) for e in range(3) for s in range(len(single))]
+    assert set(plan) == {16, 20, 28}  # 30 draws reach every size
+    assert all(plan == [r.size_at(e, s) for e in range(3) for s in range(len(r))] for r in ranks)
+    fixed = loader(Dist(), None)  # the single-resolution loader: same images in the same order
+    for b, f, *halves in zip(single.epoch(1), fixed.epoch(1), *(r.epoch(1) for r in ranks), strict=True):
+        assert b.x.shape[-1] == single.size_at(1, b.step) and f.x.shape[-1] == 28
+        assert torch.equal(b.y, f.y) and torch.equal(torch.cat([h.y for h in halves]), b.y)
+        assert all(h.x.shape == (10, 1, b.x.shape[-1], b.x.shape[-1]) for h in halves)
+    assert [b.x.shape[-1] for b in single.epoch(2, start_step=4)] == plan[24:]  # a resumed epoch draws the same
+
+
+def test_multires_sizes_come_from_the_set_or_every_patch_multiple_of_the_range() -> None:
+    tc = TrainConfig
+    assert train_sizes(tc(size_range=[14, 28]), 28, 4) == [16, 20, 24, 28]
+    assert train_sizes(tc(sizes=[28, 16, 16]), 28, 4) == [16, 28] and train_sizes(tc(), 28, 4) == [28]
+    with pytest.raises(ConfigError, match=r"train\.sizes \[18\] are not multiples of the patch size 4"):
+        train_sizes(tc(sizes=[16, 18]), 28, 4)
+    with pytest.raises(ConfigError, match="holds no multiple of the patch size 4"):
+        train_sizes(tc(size_range=[13, 15]), 28, 4)

@@ -1,4 +1,5 @@
-"""DDP: two CPU processes (gloo) on the same global batch train the same model as one process."""
+"""DDP: two CPU processes (gloo) on the same global batch train the same model as one process, with
+multi-resolution steps (both processes draw each step's size without communicating)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import torch.multiprocessing as mp
 from train.experiment import run_experiment
 from train.testing import tiny_config
 
-SECTIONS = {"schemes": ["rope2d"], "train": {"epochs": 2, "batch_size": 40}, "eval": {"sizes": [20, 28, 40]}}
+SECTIONS = {"schemes": ["rope2d"], "train": {"epochs": 2, "batch_size": 40, "sizes": [16, 20, 28]},
+            "eval": {"sizes": [20, 28, 40]}}
 
 
 def _free_port() -> int:
@@ -38,6 +40,8 @@ def test_two_gloo_processes_match_one_process(tmp_path: Path) -> None:
     h1, h2 = single.to_json()["schemes"]["rope2d"]["train"]["history"], double["schemes"]["rope2d"]["train"]["history"]
     for a, b in zip(h1, h2, strict=True):
         assert abs(a["train_loss"] - b["train_loss"]) < 1e-5 and a["train_acc"] == b["train_acc"]
+        assert a["sizes"] == b["sizes"]
+    assert len({int(s.split(":")[0]) for row in h1 for s in row["sizes"].split()}) > 1  # several sizes drawn
     w1 = torch.load(tmp_path / "one" / "rope2d" / "checkpoint.pt", weights_only=True)["model"]
     w2 = torch.load(tmp_path / "two" / "rope2d" / "checkpoint.pt", weights_only=True)["model"]
     for k in w1:

@@ -199,3 +199,48 @@ def test_reports_draw_without_pyplot(run: Run, tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     for name in ("accuracy.png", "seq1d/accuracy.png", "seq1d/loss.png", "seq1d/passkey_depth.png"):
         assert (tmp_path / name).stat().st_size > 0
+
+
+def test_seeds_finetune_and_multires_run(tmp_path: Path) -> None:
+    """Per-seed runs in seed_<k>/, mean ± std on top; fine-tuned weights beside, never over, the zero-shot ones."""
+    import statistics
+
+    sections = {"schemes": ["learned2d", "rope2d", "rope2d+linear"], "train": {"sizes": [16, 20, 28]},
+                "eval": {"sizes": [28, 40]}}
+    finetune = {"size": 40, "steps": 3, "batch_size": 20}
+    results = run_experiment(tiny_config(tmp_path / "many", **sections, seeds=[0, 1], finetune=finetune))
+    alone = run_experiment(tiny_config(tmp_path / "one", **sections, seed=1))  # seed 1 alone, no fine-tune
+    saved = json.loads((tmp_path / "many" / "results.json").read_text())
+    assert saved == json.loads(json.dumps(results.to_json())) and saved["seeds"] == [0, 1]
+    assert RunResult.from_json(saved) == results
+    for name, r in results.schemes.items():
+        assert set(r.per_seed) == {0, 1} and r.per_seed[1].accuracy == alone.schemes[name].accuracy
+        for protocol, by_size in r.accuracy.items():
+            for size, mean in by_size.items():
+                values = [r.per_seed[s].accuracy[protocol][size] for s in (0, 1)]
+                assert mean == statistics.fmean(values) and r.accuracy_std[protocol][size] == statistics.stdev(values)
+    # fine-tune-at-target for trained entries only, evaluated at the target size
+    assert results.schemes["rope2d+linear"].finetuned == {}
+    for name in ("learned2d", "rope2d"):
+        r = results.schemes[name]
+        assert list(r.finetuned) == ["resize"] and list(r.finetuned["resize"]) == [40]
+        assert set(r.per_seed[0].finetuned["resize"]) == {40} and r.finetune_seconds is not None
+    seed1 = tmp_path / "many" / "seed_1" / "rope2d"
+    zero_shot = torch.load(seed1 / "checkpoint.pt", weights_only=True)["model"]
+    tuned = torch.load(seed1 / "finetuned.pt", weights_only=True)["model"]
+    untouched = torch.load(tmp_path / "one" / "rope2d" / "checkpoint.pt", weights_only=True)["model"]
+    tensors = [k for k, v in zero_shot.items() if torch.is_tensor(v)]
+    assert all(torch.equal(zero_shot[k], untouched[k]) for k in tensors)  # the checkpoint is the zero-shot model
+    assert not all(torch.equal(zero_shot[k], tuned[k]) for k in tensors)
+    md = (tmp_path / "many" / "results.md").read_text()
+    acc = results.schemes["learned2d"]
+    assert "Seeds 0, 1: cells are mean ± sample std" in md and "multi-resolution: one size per step" in md
+    assert f"| learned2d | {acc.accuracy['resize'][28]:.1f} ± {acc.accuracy_std['resize'][28]:.1f} |" in md
+    assert "### fine-tune at target: 3 steps on training images resized to 40 px" in md
+    assert md.count("| rope2d+linear |") == 4  # no fine-tune row for an evaluation-only entry
+    # a rerun reuses every seed's training and fine-tuning
+    before = (seed1 / "finetuned.pt").stat().st_mtime_ns
+    again = run_experiment(tiny_config(tmp_path / "many", **sections, seeds=[0, 1], finetune=finetune))
+    assert (seed1 / "finetuned.pt").stat().st_mtime_ns == before
+    assert all((a.accuracy, a.accuracy_std, a.finetuned, a.finetuned_std) == (b.accuracy, b.accuracy_std, b.finetuned,
+               b.finetuned_std) for a, b in zip(again.schemes.values(), results.schemes.values(), strict=True))

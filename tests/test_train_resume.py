@@ -74,3 +74,18 @@ def test_changed_config_refuses_to_resume(tmp_path: Path) -> None:
         run_experiment(tiny_config(tmp_path, train={"lr": 1e-3}))
     fresh = run_experiment(tiny_config(tmp_path, train={"lr": 1e-3}, resume=False))
     assert json.loads((tmp_path / "results.json").read_text())["schemes"].keys() == fresh.schemes.keys()
+
+
+def test_multires_resume_draws_the_sizes_of_an_uninterrupted_run(tmp_path: Path) -> None:
+    sections = {"schemes": ["rope2d"], "train": {"sizes": [16, 20, 28]}}
+    run_experiment(tiny_config(tmp_path / "ref", **sections))
+    with pytest.raises(StopRequested):
+        run_experiment(tiny_config(tmp_path / "cut", **sections, debug={"stop_after_steps": 7}))
+    cut = _state(tmp_path / "cut", "rope2d")
+    assert cut["position"]["global_step"] == 6 and len(cut["sizes_drawn"]) == 6  # saved with the position
+    run_experiment(tiny_config(tmp_path / "cut", **sections))
+    a, b = _state(tmp_path / "ref", "rope2d"), _state(tmp_path / "cut", "rope2d")
+    assert b["sizes_drawn"] == a["sizes_drawn"] and len(a["sizes_drawn"]) == 10
+    assert set(a["sizes_drawn"]) == {16, 20, 28} and b["sizes_drawn"][:6] == cut["sizes_drawn"]
+    assert [r["sizes"] for r in a["history"]] == [r["sizes"] for r in b["history"]]
+    assert all(torch.equal(v, b["model"][k]) for k, v in a["model"].items() if torch.is_tensor(v))

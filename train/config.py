@@ -95,6 +95,27 @@ class TrainConfig:
     compile: bool = False
     checkpoint_every: int = 100  # steps between mid-epoch checkpoints (0: only at epoch ends)
     val_every_epoch: bool = True  # accuracy at the training resolution after each epoch (CSV log)
+    # multi-resolution training (FlexiViT / NaViT style): one size per step, the same for the whole batch,
+    # drawn from (seed, epoch, step) only; every size <= data.img_size and a multiple of the patch size
+    sizes: list[int] | None = None  # the set to draw from (px), e.g. [16, 20, 24, 28]
+    size_range: list[int] | None = None  # or [min, max] (px): every multiple of the patch size in between
+
+
+@dataclass
+class FinetuneConfig:
+    """Fine-tune-at-target: each trained model trained briefly on images resized to ``size``, then
+    evaluated there (resize protocol).
+
+    How practitioners use a higher resolution (FixRes, DeiT III, RoPE-ViT): the table then shows both the
+    zero-shot extrapolation and how fast each scheme adapts. The weights go to ``finetuned.pt`` beside the
+    zero-shot ``checkpoint.pt``, which stays as trained.
+    """
+
+    size: int | None = None  # target resolution (px); None: no fine-tune phase
+    steps: int = 100
+    batch_size: int | None = None  # None: train.batch_size
+    lr: float = 5e-4
+    warmup: float = 0.1  # fraction of the steps, then cosine to 0 (train.schedule)
 
 
 @dataclass
@@ -125,12 +146,14 @@ class ExperimentConfig(RunConfig):
     """A whole run: several schemes trained under identical settings, then evaluated."""
 
     schemes: list[SchemeConfig]
+    seeds: list[int] | None = None  # repeat the whole run per seed (mean +- std in the report); replaces seed
     threads: int | None = None  # torch intra-op threads on CPU
     resume: bool = True  # continue from checkpoints / results already in out_dir
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
 
     def scheme(self, name: str) -> SchemeConfig:
@@ -205,7 +228,27 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
         raise ConfigError(f"train.mixup and train.cutmix are alphas >= 0 (0: off), got {t.mixup}, {t.cutmix}")
     if (d.mean is None) != (d.std is None):
         raise ConfigError("data: give both mean and std, or neither")
+    _validate_multires(t, d.img_size)
+    f = cfg.finetune
+    if f.size is not None and (f.size < 1 or f.steps < 1 or (f.batch_size is not None and f.batch_size < 1)):
+        raise ConfigError(f"finetune: size, steps and batch_size must be >= 1, got {f.size}, {f.steps}, {f.batch_size}")
+    if not 0.0 <= f.warmup < 1.0:
+        raise ConfigError(f"finetune.warmup is a fraction of the fine-tune steps in [0, 1), got {f.warmup}")
+    if cfg.seeds is not None and (not cfg.seeds or len(set(cfg.seeds)) != len(cfg.seeds)):
+        raise ConfigError(f"seeds: a non-empty list of distinct seeds (or null: the single seed), got {cfg.seeds}")
     return cfg
+
+
+def _validate_multires(t: TrainConfig, img_size: int) -> None:
+    """train.sizes / train.size_range: at most one, every size in [1, data.img_size] (no image larger than it)."""
+    if t.sizes is not None and t.size_range is not None:
+        raise ConfigError("train: give sizes (a set) or size_range ([min, max]), not both")
+    if t.size_range is not None and (len(t.size_range) != 2 or t.size_range[0] > t.size_range[1]):
+        raise ConfigError(f"train.size_range is [min, max] with min <= max, got {t.size_range}")
+    drawn = t.sizes if t.sizes is not None else t.size_range
+    if drawn is not None and (not drawn or not all(1 <= s <= img_size for s in drawn)):
+        raise ConfigError(f"train.sizes / size_range: sizes in [1, data.img_size={img_size}] (multi-resolution "
+                          f"training draws at or below the base size), got {drawn}")
 
 
 # ----------------------------------------------------------------------------------------------------

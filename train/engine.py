@@ -1,4 +1,4 @@
-"""Training one scheme: checkpoints, exact resume, DroPE, NaN guard, per-epoch CSV log.
+"""Training one scheme: checkpoints, exact resume, DroPE, multi-resolution steps, NaN guard, per-epoch CSV log.
 
 ``SchemeTrainer`` holds what one scheme's training needs (model, optimiser, schedule, loader) and where
 it stands (``Progress``); a checkpoint stores both, so a killed run resumes at the step it stopped.
@@ -24,14 +24,14 @@ from . import checkpoint as ckpt_io
 from .accuracy import top1
 from .config import ConfigError, ExperimentConfig, SchemeConfig, to_dict
 from .data import DataBundle
-from .loaders import Batch, EvalLoader, TrainLoader
+from .loaders import Batch, EvalLoader, TrainLoader, train_sizes
 from .models import build_model, patch_size_of, set_positions
 from .optim import make_optimizer, make_scheduler
 from .results import TrainSummary
 from .runtime import Runtime
 from .seeds import mix_seed, seed_everything
 
-LOG_FIELDS = ("epoch", "step", "lr", "train_loss", "train_acc", "val_acc", "skipped", "drope", "seconds")
+LOG_FIELDS = ("epoch", "step", "lr", "train_loss", "train_acc", "val_acc", "skipped", "drope", "sizes", "seconds")
 
 
 class NonFiniteLossError(RuntimeError):
@@ -58,6 +58,31 @@ class Progress:
     history: list[dict[str, Any]] = field(default_factory=list)  # one row (LOG_FIELDS) per finished epoch
     skipped: int = 0  # unreadable images so far
     seconds: float = 0.0  # training time spent by earlier processes of a resumed run
+    drawn: list[int] = field(default_factory=list)  # the training size of every step so far (px)
+
+
+def size_counts(sizes: list[int]) -> str:
+    """How often each training size was drawn, for the log: '16:20 20:19 28:39'."""
+    return " ".join(f"{s}:{sizes.count(s)}" for s in sorted(set(sizes)))
+
+
+def wrap(model: nn.Module, cfg: ExperimentConfig, rt: Runtime, *, unused_parameters: bool = False) -> nn.Module:
+    """The module the forward pass runs through: compiled and / or DDP-wrapped as configured."""
+    if cfg.train.compile:
+        model = torch.compile(model)  # type: ignore[assignment]
+    if rt.distributed:
+        device_ids = [rt.device.index] if rt.device.type == "cuda" else None
+        model = DistributedDataParallel(model, device_ids=device_ids, find_unused_parameters=unused_parameters)
+    return model
+
+
+def loss_of(logits: torch.Tensor, y: torch.Tensor, target: torch.Tensor, label_smoothing: float) -> torch.Tensor:
+    """Cross-entropy on hard labels or mixed soft targets ([B, classes]); 0 for an empty batch."""
+    if not len(y):
+        return logits.sum() * 0.0
+    if target.dim() == 2:
+        return torch.sum(-target * F.log_softmax(logits.float(), dim=-1), dim=-1).mean()
+    return F.cross_entropy(logits.float(), y, label_smoothing=label_smoothing)
 
 
 def write_csv(path: Path, history: list[dict[str, Any]]) -> None:
@@ -88,7 +113,9 @@ class SchemeTrainer:
         self.model = build_model(cfg.model, scheme, img_size=cfg.data.img_size, num_classes=data.num_classes,
                                  in_chans=data.in_chans, seed=cfg.seed).to(rt.device)
         self.opt = make_optimizer(self.model, cfg.train)
-        self.loader = TrainLoader(data, cfg.data, batch_size=cfg.train.batch_size, seed=cfg.seed, dist=rt.dist)
+        sizes = train_sizes(cfg.train, cfg.data.img_size, patch_size_of(self.model))
+        self.loader = TrainLoader(data, cfg.data, batch_size=cfg.train.batch_size, seed=cfg.seed, dist=rt.dist,
+                                  sizes=sizes)
         self.steps = len(self.loader)
         self.total = self.steps * cfg.train.epochs
         self.sched = make_scheduler(self.opt, cfg.train, self.total)
@@ -116,7 +143,7 @@ class SchemeTrainer:
         self.model.load_state_dict(ck["model"])
         pos = ck["position"]
         self.progress = Progress(pos["epoch"], pos["step"], list(ck["epoch_sums"]), list(ck["history"]),
-                                 int(ck["skipped"]), float(ck["seconds"]))
+                                 int(ck["skipped"]), float(ck["seconds"]), [int(s) for s in ck["sizes_drawn"]])
         if ck["finished"]:  # the weights are all that is needed
             if self.drope_start is not None:
                 set_positions(self.model, False)
@@ -138,6 +165,7 @@ class SchemeTrainer:
                 "scheduler": self.sched.state_dict(), "rng": ckpt_io.rng_state(),
                 "position": {"epoch": epoch, "step": step, "global_step": epoch * self.steps + step},
                 "epoch_sums": list(p.sums), "history": p.history, "skipped": p.skipped, "finished": finished,
+                "sizes_drawn": list(p.drawn),
                 "seconds": self._seconds(), "fingerprint": self.fingerprint, "config": to_dict(self.cfg),
                 "scheme": to_dict(self.scheme), "classes": list(data.classes), "in_chans": data.in_chans,
                 "mean": list(data.mean), "std": list(data.std), "background": list(data.background),
@@ -148,17 +176,11 @@ class SchemeTrainer:
 
     def _wrapped(self) -> nn.Module:
         """The module the forward pass runs through: compiled and / or DDP-wrapped as configured."""
-        model: nn.Module = self.model
-        if self.cfg.train.compile:
-            model = torch.compile(model)  # type: ignore[assignment]
-        if self.rt.distributed:
-            # DroPE leaves the scheme's own parameters (if any) without gradients once positions are off
-            pos_params = getattr(self.model, "vispos", None)
-            unused = self.drope_start is not None and pos_params is not None and any(
-                p.requires_grad for p in pos_params.parameters())
-            device_ids = [self.rt.device.index] if self.rt.device.type == "cuda" else None
-            model = DistributedDataParallel(model, device_ids=device_ids, find_unused_parameters=unused)
-        return model
+        # DroPE leaves the scheme's own parameters (if any) without gradients once positions are off
+        pos_params = getattr(self.model, "vispos", None)
+        unused = self.drope_start is not None and pos_params is not None and any(
+            p.requires_grad for p in pos_params.parameters())
+        return wrap(self.model, self.cfg, self.rt, unused_parameters=unused)
 
     def _mixup(self) -> Callable[..., tuple[torch.Tensor, torch.Tensor]] | None:
         t = self.cfg.train
@@ -185,12 +207,7 @@ class SchemeTrainer:
             x, target = mixup(x, y)
         with rt.autocast(rt.train_dtype):
             logits = forward(x)
-        if not len(y):
-            loss = logits.sum() * 0.0
-        elif target.dim() == 2:  # mixed soft targets
-            loss = torch.sum(-target * F.log_softmax(logits.float(), dim=-1), dim=-1).mean()
-        else:
-            loss = F.cross_entropy(logits.float(), y, label_smoothing=cfg.train.label_smoothing)
+        loss = loss_of(logits, y, target, cfg.train.label_smoothing)
         if cfg.debug.nan_at_step is not None and gstep == cfg.debug.nan_at_step:
             loss = loss * float("nan")
         n = torch.tensor(float(len(y)), device=rt.device)
@@ -207,6 +224,7 @@ class SchemeTrainer:
         self.sched.step()
         self.progress.sums = [a + b for a, b in zip(self.progress.sums, stats.tolist(), strict=True)]
         self.progress.skipped += len(batch.skipped)
+        self.progress.drawn.append(batch.x.shape[-1])
 
     def _end_epoch(self, epoch: int, eval_loader: EvalLoader | None) -> None:
         """Validation at the training size, the log row, the CSV and an end-of-epoch checkpoint."""
@@ -218,7 +236,8 @@ class SchemeTrainer:
         row = {
             "epoch": epoch + 1, "step": (epoch + 1) * self.steps, "lr": self.opt.param_groups[0]["lr"],
             "train_loss": loss_sum / max(n, 1), "train_acc": 100.0 * correct / max(n, 1), "val_acc": val,
-            "skipped": p.skipped, "drope": not self.positions_on, "seconds": round(self._seconds(), 1),
+            "skipped": p.skipped, "drope": not self.positions_on, "sizes": size_counts(p.drawn[-self.steps:]),
+            "seconds": round(self._seconds(), 1),
         }
         p.history.append(row)
         p.sums = [0.0, 0.0, 0.0]

@@ -97,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     finally:
         teardown()
-    print(format_tables(rows, list(args.protocols), sorted(set(args.sizes)), train_size))
+    print(format_tables({label: [acc] for label, acc in rows.items()}, list(args.protocols),
+                        sorted(set(args.sizes)), train_size))
     if args.out:
         accuracy = {label: accuracy_to_json(acc) for label, acc in rows.items()}
         Path(args.out).write_text(json.dumps({"train_size": train_size, "accuracy": accuracy}, indent=2))

@@ -1,12 +1,15 @@
 """One experiment: train every scheme under identical settings, evaluate each, write the report.
 
 Config in, ``RunResult`` out: ``run_experiment`` builds the data and the runtime, trains each entry
-(``engine``), evaluates it (``accuracy``; cached per entry in eval.json), and writes the run folder
-(``report``).
+(``engine``), evaluates it (``accuracy``; cached per entry in eval.json), fine-tunes it at the target
+size when configured (``finetune``; cached in finetune.json), and writes the run folder (``report``).
+With ``seeds``, the whole run is repeated in ``seed_<k>/`` sub-folders and the run folder gets their
+means and standard deviations (``results.combine_seeds``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import time
@@ -23,10 +26,20 @@ from .accuracy import eval_sizes, evaluate_model
 from .config import ExperimentConfig, SchemeConfig, to_dict
 from .data import DataBundle, build_data
 from .engine import train_scheme
-from .loaders import EvalLoader
+from .finetune import finetune
+from .finetune import fingerprint as finetune_fingerprint
+from .loaders import EvalLoader, train_sizes
 from .models import build_model, check_schemes, configure_eval, patch_size_of, set_positions
 from .report import write_outputs
-from .results import Accuracy, RunResult, SchemeResult, TrainSummary, accuracy_from_json, accuracy_to_json
+from .results import (
+    Accuracy,
+    RunResult,
+    SchemeResult,
+    TrainSummary,
+    accuracy_from_json,
+    accuracy_to_json,
+    combine_seeds,
+)
 from .runtime import Runtime, main_first, setup, teardown
 
 Log = Callable[[str], None]
@@ -47,7 +60,20 @@ def run_experiment(cfg: ExperimentConfig, log: Log | None = None, command: str |
                eval_precision=cfg.eval.precision)
     say = log or (lambda msg: tqdm.write(msg) if rt.is_main else None)
     try:
-        return Experiment(cfg, rt, say).run(t_start, command)
+        if cfg.seeds is None:
+            return Experiment(cfg, rt, say).run(t_start, command)
+        runs = {}
+        for seed in cfg.seeds:
+            one = dataclasses.replace(cfg, seed=seed, seeds=None, out_dir=str(cfg.run_dir / f"seed_{seed}"))
+            runs[seed] = Experiment(one, rt, say).run(time.time(), command)
+        results = combine_seeds(runs, name=cfg.name, config=to_dict(cfg), command=command,
+                                wall_seconds=round(time.time() - t_start, 1))
+        if rt.is_main:
+            (cfg.run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+            table = write_outputs(results, cfg.run_dir)
+            say(f"\n{cfg.name}, mean +- std over seeds {', '.join(map(str, cfg.seeds))}:\n" + table +
+                f"\n\nwritten: {cfg.run_dir}/results.json, results.md, accuracy.png ({results.wall_seconds:.0f} s)")
+        return results
     finally:
         teardown()
 
@@ -72,6 +98,9 @@ class Experiment:
         if cfg.data.img_size % patch:
             raise ValueError(f"data.img_size={cfg.data.img_size} is not a multiple of the patch size {patch}")
         self.sizes = eval_sizes(cfg.eval, cfg.data.img_size, patch)
+        self.train_sizes = train_sizes(cfg.train, cfg.data.img_size, patch)
+        if cfg.finetune.size is not None and cfg.finetune.size % patch:
+            raise ValueError(f"finetune.size={cfg.finetune.size} is not a multiple of the patch size {patch}")
         self.grid = (cfg.data.img_size // patch, cfg.data.img_size // patch)
         self.loader = EvalLoader(self.data, cfg.data, cfg.eval, seed=cfg.seed, dist=rt.dist, patch_size=patch)
 
@@ -85,21 +114,23 @@ class Experiment:
             run_dir.mkdir(parents=True, exist_ok=True)
         if rt.is_main:
             (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-        self.say(f"{cfg.name}: {len(self.data.train)} training images, {self.data.num_classes} classes, "
-                 f"{len(self.loader)} evaluation images at {self.sizes} px ({', '.join(cfg.eval.protocols)}); "
+        self.say(f"{cfg.name} (seed {cfg.seed}): {len(self.data.train)} training images at {self.train_sizes} px, "
+                 f"{self.data.num_classes} classes, {len(self.loader)} evaluation images at {self.sizes} px "
+                 f"({', '.join(cfg.eval.protocols)}); "
                  f"{sum(s.trains for s in cfg.schemes)} schemes to train, run folder {run_dir}, device {rt.device}, "
                  f"{rt.dist.world} process(es)")
         results = RunResult(
             name=cfg.name, train_size=cfg.data.img_size, sizes=self.sizes, protocols=list(cfg.eval.protocols),
             eval_images=len(self.loader), canvas=_canvas_text(cfg), device=str(rt.device),
-            processes=rt.dist.world, command=command, schemes={}, config=to_dict(cfg),
+            processes=rt.dist.world, command=command, schemes={}, config=to_dict(cfg), seeds=[cfg.seed],
         )
         for s in cfg.schemes:
             results.schemes[s.name] = r = self.entry(s)
             top, train = max(self.sizes), cfg.data.img_size
             self.say(f"[{s.name}] accuracy at {train} / {top} px: " + ", ".join(
                 f"{p} {r.accuracy[p].get(train, float('nan')):.1f} / {r.accuracy[p][top]:.1f}"
-                for p in cfg.eval.protocols))
+                for p in cfg.eval.protocols) + "".join(
+                f"; fine-tuned at {size} px: {acc:.1f}" for size, acc in r.finetuned.get("resize", {}).items()))
         results.wall_seconds = round(time.time() - t_start, 1)
         if rt.is_main:
             table = write_outputs(results, run_dir)
@@ -118,15 +149,38 @@ class Experiment:
             trained = train_scheme(self.cfg, s, self.data, self.rt, folder, log=self.say)
             model, summary = trained.model, trained.summary
         if cached is not None:
-            return SchemeResult(s, summary, accuracy_from_json(cached["accuracy"]), cached["skipped_images"])
-        if model is None:
-            model = self._load_trained(self.cfg.scheme(s.base))  # type: ignore[arg-type]
-        configure_eval(model, s, self.grid)
-        acc, skipped = evaluate_model(model, self.loader, self.cfg.eval.protocols, self.sizes, self.rt,
-                                      desc=f"eval {s.name}")
+            acc, skipped = accuracy_from_json(cached["accuracy"]), cached["skipped_images"]
+        else:
+            if model is None:
+                model = self._load_trained(self.cfg.scheme(s.base))  # type: ignore[arg-type]
+            configure_eval(model, s, self.grid)
+            acc, skipped = evaluate_model(model, self.loader, self.cfg.eval.protocols, self.sizes, self.rt,
+                                          desc=f"eval {s.name}")
+            if self.rt.is_main:
+                _write_cache(folder / "eval.json", fp, acc, skipped)
+        result = SchemeResult(s, summary, acc, skipped)
+        if self.cfg.finetune.size is not None and s.trains:
+            assert model is not None
+            result.finetuned, result.finetune_seconds = self.finetuned(s, model, folder)
+        return result
+
+    def finetuned(self, s: SchemeConfig, model: nn.Module, folder: Path) -> tuple[Accuracy, float]:
+        """Fine-tune a copy of the trained model at the target size and evaluate it there (resize protocol);
+        reuses a matching finetune.json."""
+        size = self.cfg.finetune.size
+        assert size is not None
+        ev = {k: v for k, v in to_dict(self.cfg.eval).items() if k != "batch_size"}
+        fp = {**finetune_fingerprint(self.cfg, s), "eval": ev}
+        cached = _cached(folder / "finetune.json", fp) if self.cfg.resume else None
+        if cached is not None:
+            return accuracy_from_json(cached["accuracy"]), float(cached["seconds"])
+        tuned, seconds = finetune(self.cfg, s, model, self.data, self.rt, folder, log=self.say)
+        acc, _ = evaluate_model(tuned, self.loader, ["resize"], [size], self.rt, desc=f"eval {s.name} fine-tuned")
         if self.rt.is_main:
-            _write_cache(folder / "eval.json", fp, acc, skipped)
-        return SchemeResult(s, summary, acc, skipped)
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "finetune.json").write_text(json.dumps(
+                {"fingerprint": fp, "accuracy": accuracy_to_json(acc), "seconds": seconds}, indent=2))
+        return acc, seconds
 
     def _eval_fingerprint(self, scheme: SchemeConfig) -> dict[str, Any]:
         """What determines an entry's accuracies: its trained model's fingerprint and the evaluation settings."""

@@ -3,7 +3,9 @@
 Training order is a function of (seed, epoch) only, and augmentation randomness of (seed, epoch, step)
 or (seed, epoch, index): a global batch is the same whatever the number of processes, and a resumed
 run replays exactly the batches it would have seen. Each DDP process takes its slice of the global
-batch.
+batch. Multi-resolution training draws each step's size from (seed, epoch, step) too, so every scheme
+sees the same sizes in the same order, every process agrees on them without communicating, and a
+resumed run draws what the uninterrupted one drew.
 
 Evaluation protocols, for an evaluation size S and a training size T:
 - ``resize``: the image resized (bicubic, antialiased) to S x S: more tokens, same content.
@@ -16,13 +18,13 @@ Evaluation protocols, for an evaluation size S and a training size T:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from .config import DataConfig, EvalConfig
+from .config import ConfigError, DataConfig, EvalConfig, TrainConfig
 from .data import DataBundle, FolderImages, TensorImages
 from .runtime import Dist
 from .seeds import generator, mix_seed
@@ -36,11 +38,29 @@ from .transforms import (
     train_transform,
 )
 
+SIZE_KEY = 2  # seed key of the per-step size draw (1: augmentation)
+
+
+def train_sizes(cfg: TrainConfig, base: int, patch: int) -> list[int]:
+    """The training sizes to draw from: train.sizes, every patch multiple of train.size_range, or [base]."""
+    if cfg.sizes is not None:
+        bad = [s for s in cfg.sizes if s % patch]
+        if bad:
+            raise ConfigError(f"train.sizes {bad} are not multiples of the patch size {patch}")
+        return sorted(set(cfg.sizes))
+    if cfg.size_range is not None:
+        lo, hi = cfg.size_range
+        sizes = [s for s in range(lo, hi + 1) if s % patch == 0]
+        if not sizes:
+            raise ConfigError(f"train.size_range {cfg.size_range} holds no multiple of the patch size {patch}")
+        return sizes
+    return [base]
+
 
 @dataclass
 class Batch:
     step: int
-    x: Tensor  # [B, C, S, S] normalised
+    x: Tensor  # [B, C, S, S] normalised; S is the step's training size
     y: Tensor  # [B]
     skipped: list[str]  # unreadable files dropped from this batch
 
@@ -57,8 +77,10 @@ def _collate(items: list[tuple[Tensor | None, int, str]]) -> tuple[Tensor | None
 class TrainLoader:
     """The training batches of one epoch, from a given step on (for resuming)."""
 
-    def __init__(self, data: DataBundle, cfg: DataConfig, *, batch_size: int, seed: int, dist: Dist) -> None:
+    def __init__(self, data: DataBundle, cfg: DataConfig, *, batch_size: int, seed: int, dist: Dist,
+                 sizes: Sequence[int] | None = None) -> None:
         self.data, self.cfg, self.seed, self.dist = data, cfg, seed, dist
+        self.sizes = list(sizes) if sizes is not None else [cfg.img_size]  # drawn from, one per step
         self.global_batch = batch_size
         if batch_size % dist.world:
             raise ValueError(f"train.batch_size={batch_size} must be divisible by the {dist.world} processes")
@@ -71,6 +93,13 @@ class TrainLoader:
     def __len__(self) -> int:
         return self.steps
 
+    def size_at(self, epoch: int, step: int) -> int:
+        """The training size of ``step`` of ``epoch``: a function of (seed, epoch, step) only."""
+        if len(self.sizes) == 1:
+            return self.sizes[0]
+        pick = torch.randint(len(self.sizes), (1,), generator=generator(self.seed, epoch, step, SIZE_KEY))
+        return self.sizes[int(pick)]
+
     def _local(self, order: Tensor, step: int) -> Tensor:
         """This process's slice of the global batch ``step`` of ``order``."""
         glob = order[step * self.global_batch : (step + 1) * self.global_batch]
@@ -78,11 +107,11 @@ class TrainLoader:
 
     def epoch(self, epoch: int, start_step: int = 0) -> Iterator[Batch]:
         order = torch.randperm(len(self.data.train), generator=generator(self.seed, epoch))
-        ds, size = self.data.train, self.cfg.img_size
+        ds, base = self.data.train, self.cfg.img_size
         if isinstance(ds, TensorImages):
             for step in range(start_step, self.steps):
                 glob = order[step * self.global_batch : (step + 1) * self.global_batch]
-                x = resize(ds.images[glob].float().div_(255.0), size)
+                x = resize(ds.images[glob].float().div_(255.0), self.size_at(epoch, step))
                 if self.cfg.augment != "none":  # on the global batch: the same whatever the process count
                     x = augment_batch(x, self.cfg.augment, generator(self.seed, epoch, step, 1))
                 lo = self.dist.rank * self.local_batch
@@ -90,14 +119,14 @@ class TrainLoader:
                 yield Batch(step, normalize(x, self.data.mean, self.data.std), y, [])
             return
         assert isinstance(ds, FolderImages)
-        ds.transform = train_transform(size, self.cfg.crop_pct, self.cfg.augment, self.cfg.auto_augment, self.data.mean)
+        ds.transform = train_transform(base, self.cfg.crop_pct, self.cfg.augment, self.cfg.auto_augment, self.data.mean)
         ds.seed = mix_seed(self.seed, epoch, modulus=2**31)
         batches = [self._local(order, s).tolist() for s in range(start_step, self.steps)]
         loader = torch.utils.data.DataLoader(ds, batch_sampler=batches, num_workers=self.cfg.workers,
                                              collate_fn=_collate, pin_memory=torch.cuda.is_available())
         for step, (x, y, skipped) in zip(range(start_step, self.steps), loader, strict=True):
-            if x is None:
-                x = torch.empty(0, self.data.in_chans, size, size)
+            size = self.size_at(epoch, step)
+            x = torch.empty(0, self.data.in_chans, size, size) if x is None else resize(x, size)
             yield Batch(step, normalize(x, self.data.mean, self.data.std), y, skipped)
 
 

@@ -1,14 +1,17 @@
 """What an experiment produces, typed: per scheme its training summary and accuracies, per run the table.
 
-In memory, sizes are ints; in results.json (``to_json`` / ``from_json``) they are strings, as JSON keys
-must be. The file keeps one flat object per scheme: the entry's fields, ``train``, ``accuracy``,
-``skipped_images``.
+In memory, sizes and seeds are ints; in results.json (``to_json`` / ``from_json``) they are strings, as
+JSON keys must be. The file keeps one flat object per scheme: the entry's fields, ``train``,
+``accuracy`` (zero-shot), ``finetuned`` (after fine-tune-at-target), ``skipped_images``; a run over
+several seeds (``combine_seeds``) holds their means there, the sample standard deviations in
+``accuracy_std`` / ``finetuned_std`` and every seed's own values in ``per_seed``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+import statistics
+from dataclasses import dataclass, field
 from typing import Any
 
 from .config import SchemeConfig
@@ -38,26 +41,60 @@ class TrainSummary:
 
 
 @dataclass
+class SeedResult:
+    """One seed's numbers of an entry, kept beside the means of a run over several seeds."""
+
+    accuracy: Accuracy
+    finetuned: Accuracy
+    train_seconds: float | None
+    finetune_seconds: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "accuracy": accuracy_to_json(self.accuracy),
+                "finetuned": accuracy_to_json(self.finetuned)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SeedResult:
+        return cls(**{**data, "accuracy": accuracy_from_json(data["accuracy"]),
+                      "finetuned": accuracy_from_json(data["finetuned"])})
+
+
+@dataclass
 class SchemeResult:
-    """One row of the comparison: the entry, its training (None for evaluation-only entries), its accuracies."""
+    """One row of the comparison: the entry, its training (None for evaluation-only entries), its accuracies.
+
+    Over several seeds: ``accuracy`` and ``finetuned`` are means; ``train`` and ``finetune_seconds`` are the
+    first seed's.
+    """
 
     scheme: SchemeConfig
     train: TrainSummary | None
-    accuracy: Accuracy
+    accuracy: Accuracy  # zero-shot
     skipped_images: int  # unreadable validation images
+    finetuned: Accuracy = field(default_factory=dict)  # after fine-tune-at-target (empty: no phase)
+    finetune_seconds: float | None = None
+    accuracy_std: Accuracy = field(default_factory=dict)  # sample std over seeds (empty: one seed)
+    finetuned_std: Accuracy = field(default_factory=dict)
+    per_seed: dict[int, SeedResult] = field(default_factory=dict)  # several seeds: each one's numbers
 
     def to_json(self) -> dict[str, Any]:
         entry = {k: v for k, v in dataclasses.asdict(self.scheme).items() if k != "name"}
         train = None if self.train is None else dataclasses.asdict(self.train)
         return {**entry, "train": train, "accuracy": accuracy_to_json(self.accuracy),
-                "skipped_images": self.skipped_images}
+                "skipped_images": self.skipped_images, "finetuned": accuracy_to_json(self.finetuned),
+                "finetune_seconds": self.finetune_seconds, "accuracy_std": accuracy_to_json(self.accuracy_std),
+                "finetuned_std": accuracy_to_json(self.finetuned_std),
+                "per_seed": {str(seed): r.to_json() for seed, r in self.per_seed.items()}}
 
     @classmethod
     def from_json(cls, name: str, data: dict[str, Any]) -> SchemeResult:
         entry_keys = {f.name for f in dataclasses.fields(SchemeConfig)}
         scheme = SchemeConfig(name=name, **{k: v for k, v in data.items() if k in entry_keys})
         train = None if data["train"] is None else TrainSummary(**data["train"])
-        return cls(scheme, train, accuracy_from_json(data["accuracy"]), data["skipped_images"])
+        return cls(scheme, train, accuracy_from_json(data["accuracy"]), data["skipped_images"],
+                   accuracy_from_json(data.get("finetuned", {})), data.get("finetune_seconds"),
+                   accuracy_from_json(data.get("accuracy_std", {})), accuracy_from_json(data.get("finetuned_std", {})),
+                   {int(seed): SeedResult.from_json(r) for seed, r in data.get("per_seed", {}).items()})
 
 
 @dataclass
@@ -76,6 +113,7 @@ class RunResult:
     schemes: dict[str, SchemeResult]
     config: dict[str, Any]  # the experiment config as plain data
     wall_seconds: float = 0.0
+    seeds: list[int] = field(default_factory=list)  # the seeds behind each number (means over them when several)
 
     def accuracies(self) -> dict[str, Accuracy]:
         """Scheme name -> its accuracy table."""
@@ -89,3 +127,31 @@ class RunResult:
     def from_json(cls, data: dict[str, Any]) -> RunResult:
         schemes = {name: SchemeResult.from_json(name, r) for name, r in data["schemes"].items()}
         return cls(**{**data, "schemes": schemes})
+
+
+def mean_std(tables: list[Accuracy]) -> tuple[Accuracy, Accuracy]:
+    """Cell-wise mean and sample standard deviation of several seeds' tables (std empty for one table)."""
+    mean: Accuracy = {p: {s: statistics.fmean(t[p][s] for t in tables) for s in by_size}
+                      for p, by_size in tables[0].items()}
+    if len(tables) < 2:
+        return mean, {}
+    std: Accuracy = {p: {s: statistics.stdev(t[p][s] for t in tables) for s in by_size}
+                     for p, by_size in tables[0].items()}
+    return mean, std
+
+
+def combine_seeds(runs: dict[int, RunResult], *, name: str, config: dict[str, Any], command: str | None,
+                  wall_seconds: float) -> RunResult:
+    """One result from the same run repeated per seed: means, standard deviations and every seed's values."""
+    first = next(iter(runs.values()))
+    schemes: dict[str, SchemeResult] = {}
+    for entry, r0 in first.schemes.items():
+        rows = {seed: run.schemes[entry] for seed, run in runs.items()}
+        acc, acc_std = mean_std([r.accuracy for r in rows.values()])
+        tuned, tuned_std = mean_std([r.finetuned for r in rows.values()]) if r0.finetuned else ({}, {})
+        per_seed = {seed: SeedResult(r.accuracy, r.finetuned, r.train.seconds if r.train else None,
+                                     r.finetune_seconds) for seed, r in rows.items()}
+        schemes[entry] = SchemeResult(r0.scheme, r0.train, acc, max(r.skipped_images for r in rows.values()), tuned,
+                                      r0.finetune_seconds, acc_std, tuned_std, per_seed)
+    return dataclasses.replace(first, name=name, command=command, schemes=schemes, config=config,
+                               wall_seconds=wall_seconds, seeds=list(runs))
