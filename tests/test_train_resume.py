@@ -77,7 +77,7 @@ def test_changed_config_refuses_to_resume(tmp_path: Path) -> None:
 
 
 def test_multires_resume_draws_the_sizes_of_an_uninterrupted_run(tmp_path: Path) -> None:
-    sections = {"schemes": ["rope2d"], "train": {"sizes": [16, 20, 28]}}
+    sections = {"schemes": [{"name": "rope2d", "pos": "rope2d", "sizes": [16, 20, 28]}]}  # the entry's own sizes
     run_experiment(tiny_config(tmp_path / "ref", **sections))
     with pytest.raises(StopRequested):
         run_experiment(tiny_config(tmp_path / "cut", **sections, debug={"stop_after_steps": 7}))

@@ -75,6 +75,7 @@ class SchemeConfig(SchemeEntry):
 
     pos: list[str] = field(default_factory=list)  # vispos registry names ("timm": timm's own table)
     log_n_attention: bool = False  # evaluation only: logits x max(1, ln N / ln N_train) (vispos.configure)
+    sizes: list[int] | None = None  # this entry's multi-resolution set (px), in place of train.sizes / size_range
 
 
 @dataclass
@@ -188,6 +189,13 @@ def to_dict(cfg: Any) -> Any:
 # cross-field checks
 
 
+def scheme_train(cfg: ExperimentConfig, scheme: SchemeConfig) -> TrainConfig:
+    """The training settings of one entry: the shared ones, with the entry's own multi-resolution sizes."""
+    if scheme.sizes is None:
+        return cfg.train
+    return dataclasses.replace(cfg.train, sizes=list(scheme.sizes), size_range=None)
+
+
 def validate(cfg: ExperimentConfig) -> ExperimentConfig:
     """Checks across fields; raises ConfigError naming the problem and what is accepted."""
     check_entries(cfg.schemes)
@@ -229,6 +237,12 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
     if (d.mean is None) != (d.std is None):
         raise ConfigError("data: give both mean and std, or neither")
     _validate_multires(t, d.img_size)
+    for s in cfg.schemes:
+        if s.sizes is not None:
+            if not s.trains:
+                raise ConfigError(f"schemes[{s.name}]: sizes (multi-resolution training) needs a trained entry, "
+                                  "not an evaluation-only one (base)")
+            _validate_multires(TrainConfig(sizes=s.sizes), d.img_size, f"schemes[{s.name}].sizes")
     f = cfg.finetune
     if f.size is not None and (f.size < 1 or f.steps < 1 or (f.batch_size is not None and f.batch_size < 1)):
         raise ConfigError(f"finetune: size, steps and batch_size must be >= 1, got {f.size}, {f.steps}, {f.batch_size}")
@@ -239,7 +253,7 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
     return cfg
 
 
-def _validate_multires(t: TrainConfig, img_size: int) -> None:
+def _validate_multires(t: TrainConfig, img_size: int, where: str = "train.sizes / size_range") -> None:
     """train.sizes / train.size_range: at most one, every size in [1, data.img_size] (no image larger than it)."""
     if t.sizes is not None and t.size_range is not None:
         raise ConfigError("train: give sizes (a set) or size_range ([min, max]), not both")
@@ -247,7 +261,7 @@ def _validate_multires(t: TrainConfig, img_size: int) -> None:
         raise ConfigError(f"train.size_range is [min, max] with min <= max, got {t.size_range}")
     drawn = t.sizes if t.sizes is not None else t.size_range
     if drawn is not None and (not drawn or not all(1 <= s <= img_size for s in drawn)):
-        raise ConfigError(f"train.sizes / size_range: sizes in [1, data.img_size={img_size}] (multi-resolution "
+        raise ConfigError(f"{where}: sizes in [1, data.img_size={img_size}] (multi-resolution "
                           f"training draws at or below the base size), got {drawn}")
 
 

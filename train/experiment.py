@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from . import checkpoint as ckpt_io
 from .accuracy import eval_sizes, evaluate_model
-from .config import ExperimentConfig, SchemeConfig, to_dict
+from .config import ExperimentConfig, SchemeConfig, scheme_train, to_dict
 from .data import DataBundle, build_data
 from .engine import train_scheme
 from .finetune import finetune
@@ -99,6 +99,9 @@ class Experiment:
             raise ValueError(f"data.img_size={cfg.data.img_size} is not a multiple of the patch size {patch}")
         self.sizes = eval_sizes(cfg.eval, cfg.data.img_size, patch)
         self.train_sizes = train_sizes(cfg.train, cfg.data.img_size, patch)
+        for s in cfg.schemes:
+            if s.sizes is not None:
+                train_sizes(scheme_train(cfg, s), cfg.data.img_size, patch)
         if cfg.finetune.size is not None and cfg.finetune.size % patch:
             raise ValueError(f"finetune.size={cfg.finetune.size} is not a multiple of the patch size {patch}")
         self.grid = (cfg.data.img_size // patch, cfg.data.img_size // patch)

@@ -150,6 +150,7 @@ def write_outputs(results: RunResult, run_dir: Path) -> str:
         tables += "\n" + finetune
     sizes = results.config.get("train", {}).get("sizes") or results.config.get("train", {}).get("size_range")
     seeds = results.seeds or [results.config.get("seed", 0)]
+    multires = {name: r for name, r in results.schemes.items() if r.scheme.sizes}
     notes = [
         f"# {results.name}",
         "",
@@ -160,6 +161,8 @@ def write_outputs(results: RunResult, run_dir: Path) -> str:
            else f"Seed {seeds[0]}. ")
         + f"Evaluated on {results.eval_images} validation images. Canvas: {results.canvas}.",
         "",
+        *([f"Multi-resolution entries (one size per step, none above {results.train_size} px): "
+           + ", ".join(f"{name} {r.scheme.sizes}" for name, r in multires.items()) + ".", ""] if multires else []),
         *([f"Made by `{results.command}` in {results.wall_seconds:.0f} s ({results.device}, "
            f"{results.processes} process(es)).", ""] if results.command else []),
         "",
