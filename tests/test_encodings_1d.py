@@ -74,6 +74,25 @@ def test_xpos_decays_with_distance_by_zeta_power(layout: str) -> None:
             assert float(logits[i, j]) == pytest.approx(expected, abs=1e-4, rel=1e-4)
 
 
+def test_xpos_scales_are_centred_so_their_range_halves() -> None:
+    """The decay power is (n - c) / scale_base with c the middle of the positions: the centre cancels in
+    q.k (same logits as the uncentred zeta ** (n / scale_base)), and the largest scale of N tokens is
+    zeta_0 ** (-N / (2 scale_base)), not zeta_0 ** (-N / scale_base) (5e8 at N = 8192, far past fp16)."""
+    n, scale_base = 8192, 512.0
+    rot = vispos.create_encoding("xpos", dim=HEAD_DIM)(n)
+    zeta0 = 0.4 / 1.4
+    largest = max(float(rot.q_scale.max()), float(rot.k_scale.max()))
+    assert largest == pytest.approx(zeta0 ** (-(n - 1) / (2 * scale_base)), rel=1e-4)  # 2.3e4
+    assert largest < torch.finfo(torch.float16).max
+    # products are the uncentred ones: q at n against k at m carries zeta ** ((n - m) / scale_base)
+    zeta = torch.tensor([(2 * i + 0.4 * HEAD_DIM) / (1.4 * HEAD_DIM) for i in range(HEAD_DIM // 2)] * 2)
+    for i, j in [(0, 0), (8191, 0), (5000, 4999), (100, 3000)]:
+        expected = zeta.double() ** ((i - j) / scale_base)
+        torch.testing.assert_close((rot.q_scale[i] * rot.k_scale[j]).double(), expected, rtol=1e-4, atol=0)
+    packed = vispos.create_encoding("xpos", dim=HEAD_DIM)(torch.stack((torch.arange(10), torch.arange(10) + 5000)))
+    torch.testing.assert_close(packed.q_scale[0], packed.q_scale[1])  # each sequence is centred on its own
+
+
 @pytest.mark.parametrize("axis", ["x", "y"])
 def test_rope1d_equals_rope2d_along_one_axis(axis: str) -> None:
     """rope2d (half layout) on a 1 x N grid turns pairs [0, d/4) with x; on N x 1, pairs [d/4, d/2) with y.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -98,6 +99,46 @@ def test_per_sequence_positions_equal_separate_runs(pos: str) -> None:
     torch.testing.assert_close(batched, alone, atol=1e-5, rtol=1e-5)
 
 
+# --- xPos in half precision -----------------------------------------------------------------------------
+def xpos_pair(qkv_gain: float = 1.0) -> tuple[Attention, torch.Tensor]:
+    """A small causal xPos layer (2 heads of 8 channels) and 8192 tokens: fast on CPU, long enough for fp16."""
+    torch.manual_seed(0)
+    module = Attention(16, 2, pos="xpos", causal=True).eval()
+    with torch.no_grad():
+        module.qkv.weight.mul_(qkv_gain)
+    return module, torch.randn(1, 8192, 16, generator=torch.Generator().manual_seed(3))
+
+
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.float16, 2e-3), (torch.bfloat16, 1e-2)])
+def test_xpos_half_precision_attention_is_finite_and_equals_fp32_at_8192(dtype: torch.dtype, tol: float) -> None:
+    """Issue 14: uncentred xPos keys overflowed fp16 past ~4094 tokens (NaN rows in the output)."""
+    module, x = xpos_pair()
+    half = copy.deepcopy(module).to(dtype)
+    with torch.no_grad():
+        ref, out = module(x), half(x.to(dtype))
+    assert out.dtype == dtype and out.isfinite().all()
+    torch.testing.assert_close(out.float(), ref, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("cast", ["module", "autocast"])
+def test_xpos_keys_beyond_fp16_range_still_give_the_fp32_result(cast: str) -> None:
+    """Larger keys: centred or not, the scaled keys overflow fp16 at 8192 tokens, while q.k does not; the
+    layer keeps xPos in fp32 (also under autocast), so the output still equals the fp32 layer's."""
+    module, x = xpos_pair(qkv_gain=6.0)
+    with torch.no_grad():
+        ref = module(x)
+        half = copy.deepcopy(module).half()
+        q, k, _ = half.qkv(x.half()).view(1, 8192, 3, 2, 8).permute(2, 0, 3, 1, 4)  # [1, heads, N, 8]
+        assert not half.pos(8192).rotate(q, k)[1].isfinite().all()  # the premise: fp16 keys overflow
+        if cast == "module":
+            out = half(x.half())
+        else:
+            with torch.autocast("cpu", dtype=torch.float16):
+                out = module(x)
+    assert out.isfinite().all()
+    assert (out.float() - ref).abs().max() < 1e-2 * ref.abs().max()
+
+
 def heads_of(module: Attention, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     b, n, _ = x.shape
     q, k, v = module.qkv(x).view(b, n, 3, HEADS, DIM // HEADS).permute(2, 0, 3, 1, 4)
@@ -187,8 +228,10 @@ def test_bf16_attention_stays_bf16_and_close(pos: str) -> None:
 def test_configure_sets_rope_scaling_on_a_stack_of_attention_layers() -> None:
     """One scaling API for 1D and 2D: vispos.configure reaches every RoPE of a plain layer stack."""
     stack = torch.nn.Sequential(make("rope"), make("rope"))
-    reference = torch.nn.Sequential(make("rope", scaling={"type": "yarn", "factor": 4.0, "original_length": N}),
-                                    make("rope", scaling={"type": "yarn", "factor": 4.0, "original_length": N}))
+    reference = torch.nn.Sequential(
+        make("rope", scaling={"type": "yarn", "factor": 4.0, "original_length": N}),
+        make("rope", scaling={"type": "yarn", "factor": 4.0, "original_length": N}),
+    )
     torch.testing.assert_close(reference[0].qkv.weight, stack[1].qkv.weight, rtol=0, atol=0)  # make() seeds 0
     x = tokens(n=4 * N)
     with torch.no_grad():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 
@@ -11,6 +13,11 @@ from .encodings.alibi import causal_mask
 from .registry import build_in_context, get_info
 
 
+def fp32_region(device_type: str, enabled: bool) -> contextlib.AbstractContextManager:
+    """Autocast off, so that fp32 operands stay fp32 (nothing changes when not ``enabled``)."""
+    return torch.autocast(device_type, enabled=False) if enabled else contextlib.nullcontext()
+
+
 class Attention(nn.Module):
     """Multi-head self-attention over [B, N, dim] tokens with a 1D positional scheme applied inside.
 
@@ -18,6 +25,8 @@ class Attention(nn.Module):
     takes an explicit path for its value term. Additive schemes (sincos1d, learned1d) belong to the
     embeddings, not to attention: build them with ``vispos.create_encoding`` and add them to the tokens.
     ``causal`` masks later keys and selects the causal form of schemes that have one (ALiBi, T5).
+    xPos runs in fp32 whatever the model's dtype or autocast: its scaled keys grow as zeta ** (-N / 2
+    scale_base) (2.3e4 at N = 8192) and overflow fp16 where q.k, the product that decays, does not.
     Scheme options (``theta``, ``scaling``, ``num_buckets``, ...) pass through ``pos_options``.
     """
 
@@ -71,20 +80,28 @@ class Attention(nn.Module):
         if positions.shape[-1] != n:
             raise ValueError(f"positions cover {positions.shape[-1]} tokens, the input has {n}")
         q, k, v = self.qkv(x).view(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # [B, h, N, d]
+        dtype = v.dtype
+        kind = self.kind if self.enabled else "none"
+        full_precision = False
+        if kind == "rotary":
+            rotary = self.pos(positions)
+            full_precision = rotary.q_scale is not None  # xPos: see below
+            if full_precision:
+                q, k, v = q.float(), k.float(), v.float()
+            q, k = rotary.rotate(q, k)
         mask = as_float_mask(attn_mask, q.dtype)
         causal_now = self.causal
-        kind = self.kind if self.enabled else "none"
-        if kind == "rotary":
-            q, k = self.pos(positions).rotate(q, k)
-        elif kind == "bias":
+        if kind == "bias":
             bias = self.pos(positions)  # [(B,) heads, N, N], causal form already masked
             mask = combine_masks(bias.to(q.dtype), mask)
         if causal_now and (mask is not None or kind == "relative_kv"):
             mask = combine_masks(mask, causal_mask(n, x.device).to(q.dtype))
             causal_now = False
         dropout_p = self.dropout if self.training else 0.0
-        if kind == "relative_kv":
-            out = shaw_attention(q, k, v, self.pos(positions), mask=mask, dropout_p=dropout_p)
-        else:
-            out = sdpa(q, k, v, mask=mask, is_causal=causal_now, dropout_p=dropout_p, fused=self.fused)
+        with fp32_region(x.device.type, full_precision):
+            if kind == "relative_kv":
+                out = shaw_attention(q, k, v, self.pos(positions), mask=mask, dropout_p=dropout_p)
+            else:
+                out = sdpa(q, k, v, mask=mask, is_causal=causal_now, dropout_p=dropout_p, fused=self.fused)
+        out = out.to(dtype)
         return self.proj(out.transpose(1, 2).reshape(b, n, self.dim))
