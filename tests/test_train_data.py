@@ -193,3 +193,19 @@ def test_multires_sizes_come_from_the_set_or_every_patch_multiple_of_the_range()
         train_sizes(tc(sizes=[16, 18]), 28, 4)
     with pytest.raises(ConfigError, match="holds no multiple of the patch size 4"):
         train_sizes(tc(size_range=[13, 15]), 28, 4)
+
+
+def test_rrc_flip_crops_inside_the_image_within_the_area_range_and_never_upsizes_the_batch() -> None:
+    from train.transforms import RRC_SCALE, resized_crop_batch, resized_crop_boxes
+
+    boxes = resized_crop_boxes(500, 28, 28, torch.Generator().manual_seed(0))
+    areas = [bh * bw / 28**2 for _, _, bh, bw in boxes]
+    assert all(t >= 0 and left >= 0 and t + bh <= 28 and left + bw <= 28 for t, left, bh, bw in boxes)
+    assert RRC_SCALE[0] - 0.05 <= min(areas) < 0.45 and max(areas) > 0.9  # the range is covered, rounding aside
+    x = torch.rand(4, 1, 28, 28)
+    out = resized_crop_batch(x, 20, torch.Generator().manual_seed(1))
+    assert out.shape == (4, 1, 20, 20) and 0.0 <= out.min() and out.max() <= 1.0
+    cfg = config_from_dict({**TINY, "data": {"augment": "rrc_flip", "train_per_class": 4}, "train": {"batch_size": 8}})
+    data = build_data(cfg.data)
+    first, again = (list(train_loader(data, cfg).epoch(0)) for _ in range(2))
+    assert all(torch.equal(a.x, b.x) and a.x.shape[-1] == 28 for a, b in zip(first, again, strict=True))

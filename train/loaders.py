@@ -35,6 +35,7 @@ from .transforms import (
     normalize,
     place_on_canvas,
     resize,
+    resized_crop_batch,
     train_transform,
 )
 
@@ -111,9 +112,13 @@ class TrainLoader:
         if isinstance(ds, TensorImages):
             for step in range(start_step, self.steps):
                 glob = order[step * self.global_batch : (step + 1) * self.global_batch]
-                x = resize(ds.images[glob].float().div_(255.0), self.size_at(epoch, step))
-                if self.cfg.augment != "none":  # on the global batch: the same whatever the process count
-                    x = augment_batch(x, self.cfg.augment, generator(self.seed, epoch, step, 1))
+                x, size = ds.images[glob].float().div_(255.0), self.size_at(epoch, step)
+                if self.cfg.augment == "none":
+                    x = resize(x, size)
+                else:  # on the global batch: the same whatever the process count
+                    gen = generator(self.seed, epoch, step, 1)
+                    x = resized_crop_batch(x, size, gen) if self.cfg.augment == "rrc_flip" else resize(x, size)
+                    x = augment_batch(x, self.cfg.augment, gen)
                 lo = self.dist.rank * self.local_batch
                 x, y = x[lo : lo + self.local_batch], ds.labels[glob][lo : lo + self.local_batch]
                 yield Batch(step, normalize(x, self.data.mean, self.data.std), y, [])

@@ -7,6 +7,8 @@ protocol can pad in pixel units before normalising.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from timm.data import create_transform
@@ -55,8 +57,33 @@ def place_on_canvas(x: Tensor, size: int, offsets: Tensor, fill: tuple[float, ..
     return torch.stack([x[i, :, oy : oy + size, ox : ox + size] for i, (oy, ox) in enumerate(offsets.tolist())])
 
 
+def resized_crop_boxes(n: int, h: int, w: int, gen: torch.Generator,
+                       scale: tuple[float, float] = RRC_SCALE) -> list[tuple[int, int, int, int]]:
+    """Random-resized-crop boxes (top, left, height, width), one per image: area a fraction in ``scale`` of
+    the image, aspect ratio log-uniform in [3/4, 4/3], clipped to the image (torchvision's ranges)."""
+    area = torch.empty(n).uniform_(*scale, generator=gen) * h * w
+    ratio = torch.empty(n).uniform_(math.log(3 / 4), math.log(4 / 3), generator=gen).exp()
+    place = torch.rand(n, 2, generator=gen)
+    boxes = []
+    for a, r, (py, px) in zip(area.tolist(), ratio.tolist(), place.tolist(), strict=True):
+        bw = min(w, max(1, round(math.sqrt(a * r))))
+        bh = min(h, max(1, round(math.sqrt(a / r))))
+        boxes.append((int(py * (h - bh + 1)), int(px * (w - bw + 1)), bh, bw))
+    return boxes
+
+
+def resized_crop_batch(x: Tensor, size: int, gen: torch.Generator) -> Tensor:
+    """[B, C, H, W] pixels -> [B, C, size, size]: each image's random-resized crop, resized (``rrc_flip``).
+
+    The crop enlarges the object in the frame, as ImageNet's training crop does; the output is never
+    larger than ``size``."""
+    boxes = resized_crop_boxes(len(x), x.shape[-2], x.shape[-1], gen)
+    return torch.cat([resize(x[i : i + 1, :, t : t + bh, l : l + bw], size) for i, (t, l, bh, bw) in enumerate(boxes)])
+
+
 def augment_batch(x: Tensor, kind: str, gen: torch.Generator) -> Tensor:
-    """Flip (and a shift of up to 1/7 of the side, padded with black) on a global batch of pixels."""
+    """Flip (and for ``crop_flip`` a shift of up to 1/7 of the side, padded with black) on a global batch of
+    pixels; ``rrc_flip``'s crop is drawn before, from the same generator (``resized_crop_batch``)."""
     n, _, h, _ = x.shape
     flips = torch.rand(n, generator=gen) < 0.5
     if kind == "crop_flip":
@@ -76,10 +103,10 @@ def train_transform(size: int, crop_pct: float, augment: str, auto_augment: str 
                     mean: tuple[float, ...]) -> T.Compose:
     """Training transform of a folder image, uint8 [C, S, S] out.
 
-    ``crop_flip``: timm's training transform (random-resized crop, flip, RandAugment when given, no
-    colour jitter). ``none`` / ``flip``: the evaluation crop, + flip, + RandAugment when given.
+    ``crop_flip`` / ``rrc_flip``: timm's training transform (random-resized crop, flip, RandAugment when
+    given, no colour jitter). ``none`` / ``flip``: the evaluation crop, + flip, + RandAugment when given.
     """
-    if augment == "crop_flip":
+    if augment in ("crop_flip", "rrc_flip"):
         return create_transform(size, is_training=True, scale=RRC_SCALE, hflip=0.5, color_jitter=None,
                                 auto_augment=auto_augment, interpolation="bicubic", mean=mean, normalize=False)
     *crop, to_tensor = eval_transform(size, crop_pct).transforms
