@@ -17,9 +17,10 @@ from . import diagnostics, drope, layers
 from .configure import configure, set_position_enabled
 from .encodings.rope_scaling import SCALING_TYPES, RopeScaling
 from .registry import SchemeInfo, create_encoding, describe, get_info, list_encodings
-from .timm import create_model, patch
+from .timm import PretrainedPositionsWarning, create_model, patch
 
 __all__ = [
+    "PretrainedPositionsWarning",
     "RopeScaling",
     "SCALING_TYPES",
     "SchemeInfo",

@@ -78,8 +78,11 @@ def check_grid(grid: object, name: str = "grid") -> tuple[int, int]:
     return h, w
 
 
-def check_positions(positions: object, name: str = "positions") -> torch.Tensor:
-    """1D token positions: an int length, or an integer tensor [N] / [B, N] of non-negative values."""
+def check_positions(positions: object, name: str = "positions", *, axes: int = 1) -> torch.Tensor:
+    """1D token positions: an int length, or an integer tensor [N] / [B, N] of non-negative values.
+
+    ``axes`` > 1 (several ids per token, e.g. mrope's t, h, w): [axes, N] or [axes, B, N], or [N] (or a
+    length) for the same id on every axis."""
     if isinstance(positions, int) and not isinstance(positions, bool):
         if positions < 1:
             raise ValueError(f"sequence length must be >= 1, got {positions}")
@@ -88,8 +91,14 @@ def check_positions(positions: object, name: str = "positions") -> torch.Tensor:
         raise TypeError(f"{name} must be an int length or an integer tensor, got {type(positions).__name__}")
     if positions.is_floating_point() or positions.is_complex() or positions.dtype == torch.bool:
         raise ValueError(f"{name} must be an integer tensor, got dtype {positions.dtype}")
-    if positions.dim() not in (1, 2) or positions.shape[-1] < 1:
+    if axes == 1 and (positions.dim() not in (1, 2) or positions.shape[-1] < 1):
         raise ValueError(f"{name} must have shape [N] or [B, N] with N >= 1, got {tuple(positions.shape)}")
+    several = positions.dim() in (2, 3) and positions.shape[0] == axes
+    if axes > 1 and (not (positions.dim() == 1 or several) or positions.shape[-1] < 1):
+        raise ValueError(
+            f"{name} must have shape [{axes}, N] or [{axes}, B, N] ({axes} ids per token), or [N] for the same "
+            f"id on every axis, with N >= 1; got {tuple(positions.shape)}"
+        )
     if not torch.compiler.is_compiling() and bool((positions < 0).any()):
         raise ValueError(f"{name} must be non-negative")
     return positions

@@ -58,6 +58,7 @@ class Attention(nn.Module):
                 f"vispos.create_encoding({pos!r}, ndim=1, dim=...) and add it to the tokens"
             )
         self.kind = info.kind
+        self.position_axes = info.position_axes  # ids per token: 1, or 3 for mrope (t, h, w)
         self.enabled = True  # DroPE switch (vispos.drope): False skips the positional scheme
         context = {"dim": self.head_dim, "num_heads": num_heads, "causal": causal}
         self.pos = build_in_context(info, context, pos_options)
@@ -73,10 +74,13 @@ class Attention(nn.Module):
     def forward(
         self, x: torch.Tensor, positions: torch.Tensor | None = None, attn_mask: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """x [B, N, dim]; positions [N] or [B, N] (default 0..N-1; e.g. offsets or packed sequences);
+        """x [B, N, dim]; positions [N] or [B, N] (default 0..N-1; e.g. offsets or packed sequences), for mrope
+        [3, B, N] or [3, N] (t, h, w ids, e.g. from ``mrope_positions``; [N]: text);
         attn_mask: SDPA-style bool (True = attend) or float, broadcastable to [B, heads, N, N]."""
         b, n, _ = x.shape
-        positions = torch.arange(n, device=x.device) if positions is None else check_positions(positions)
+        if positions is None:
+            positions = torch.arange(n, device=x.device)
+        positions = check_positions(positions, axes=self.position_axes)
         if positions.shape[-1] != n:
             raise ValueError(f"positions cover {positions.shape[-1]} tokens, the input has {n}")
         q, k, v = self.qkv(x).view(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # [B, h, N, d]

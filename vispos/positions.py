@@ -62,7 +62,8 @@ class Positions(nn.Module):
     """The positional scheme of a patched model: at most one additive and one attention scheme.
 
     ``settings`` says which schemes, with which options, at which training grid (and, once
-    ``vispos.configure`` has run, the inference settings). ``enabled`` switches the whole scheme off
+    ``vispos.configure`` has run, the inference settings; ``inherited`` names the pretrained RoPE whose
+    conventions the options reproduce). ``enabled`` switches the whole scheme off
     (DroPE) and back on; ``log_n_tokens`` is the training token count while log-n attention scaling
     is on. All of it is saved in the state dict and restored by ``load_state_dict``, which refuses a
     checkpoint of another scheme, other options or another training grid.
@@ -79,6 +80,7 @@ class Positions(nn.Module):
         train_grid: tuple[int, int],
         schemes: list[str],
         options: dict[str, Any],
+        inherited: dict[str, str] | None = None,
     ) -> None:
         super().__init__()
         self.additive = additive
@@ -88,6 +90,8 @@ class Positions(nn.Module):
         self.num_prefix_tokens = num_prefix_tokens
         self.train_grid = check_grid(train_grid, "train_grid")
         self.settings: dict[str, Any] = {"pos": list(schemes), "options": plain(options), "train_grid": self.train_grid}
+        if inherited is not None:
+            self.settings["inherited"] = inherited  # where the options came from: the model's own RoPE
         self.enabled = True
         self.log_n_tokens: int | None = None
 
@@ -198,4 +202,6 @@ class Positions(nn.Module):
         return tokens + embed.to(tokens.dtype)
 
     def extra_repr(self) -> str:
-        return f"depth={self.depth}, num_prefix_tokens={self.num_prefix_tokens}, enabled={self.enabled}"
+        inherited = self.settings.get("inherited")
+        said = f", inherited from {inherited['from']}" if inherited else ""
+        return f"depth={self.depth}, num_prefix_tokens={self.num_prefix_tokens}, enabled={self.enabled}{said}"

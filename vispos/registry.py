@@ -55,12 +55,15 @@ class SchemeInfo:
     per_layer: bool = False  # trainable attention schemes get one instance per transformer layer
     scalable: bool = False  # RoPE whose frequencies ``vispos.configure(scaling=...)`` can stretch
     reference: str = ""
+    position_axes: int = 1  # 1D: position ids per token; > 1 takes positions [axes, (B,) N] (mrope: t, h, w)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"unknown kind {self.kind!r}; accepted: {', '.join(KINDS)}")
         if self.ndim not in (1, 2):
             raise ValueError(f"ndim must be 1 or 2, got {self.ndim!r}")
+        if self.position_axes != 1 and (self.ndim != 1 or self.position_axes < 1):
+            raise ValueError(f"position_axes > 1 is for 1D schemes, got {self.position_axes!r} for {self.ndim}D")
         unknown = sorted(set(self.context) - set(CONTEXT))
         if unknown:
             raise ValueError(f"unknown context {', '.join(unknown)} for {self.name!r}; accepted: {', '.join(CONTEXT)}")
@@ -99,13 +102,14 @@ def register(
     per_layer: bool = False,
     scalable: bool = False,
     reference: str = "",
+    position_axes: int = 1,
 ) -> Callable[[M], M]:
     """Class decorator: add the decorated ``nn.Module`` to the catalogue under ``name`` (one per ndim)."""
 
     def add(cls: M) -> M:
         info = SchemeInfo(
             name, ndim, kind, trainable, relative, extrapolation, summary, builder=cls, context=context,
-            per_layer=per_layer, scalable=scalable, reference=reference,
+            per_layer=per_layer, scalable=scalable, reference=reference, position_axes=position_axes,
         )  # fmt: skip
         slot = _REGISTRY.setdefault(name, {})
         if ndim in slot:

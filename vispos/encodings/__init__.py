@@ -20,7 +20,9 @@ schemes) when ``vispos`` is. The contract:
   | none | None |
 
 - ``per_layer=True``: one instance per transformer layer (trainable attention schemes);
-  ``scalable=True``: a ``set_scaling`` method that ``vispos.configure(scaling=...)`` calls.
+  ``scalable=True``: a ``set_scaling`` method that ``vispos.configure(scaling=...)`` calls;
+  ``position_axes=3`` (1D): ``forward`` takes several ids per token, [3, (B,) N] (mrope's t, h, w), and
+  [N] for the same id on every axis.
 - Optional host hooks (2D): an additive table may hold ``prefix`` [P, dim] (added to the prefix tokens)
   and define ``adopt_pos_embed(pos_embed [1, P + H*W, dim]) -> bool`` (start from a timm model's own
   table); a bias may hold ``prefix_bias`` [3, heads] (prefix->patch, patch->prefix, prefix->prefix
@@ -39,6 +41,7 @@ import pkgutil
 
 from .alibi import Alibi, Alibi2d, alibi_slopes
 from .learned import Learned1d, Learned2d
+from .mrope import MRope, mrope_positions
 from .nope import NoPE
 from .relbias import ContinuousBias2d, RelBias2d, relative_index_2d
 from .rope import Rope, Rope2d, Rope2dMixed, Rotary, apply_rope
@@ -52,8 +55,8 @@ for _module in pkgutil.iter_modules(__path__):  # each family module registers i
     importlib.import_module(f"{__name__}.{_module.name}")
 
 __all__ = [
-    "Alibi", "Alibi2d", "ContinuousBias2d", "Learned1d", "Learned2d", "NoPE", "RelBias2d", "Rope", "Rope2d",
-    "Rope2dMixed", "RopeScaling", "Rotary", "SCALING_TYPES", "ShawRelative", "SinCos1d", "SinCos2d", "T5Bias",
-    "XPos", "alibi_slopes", "apply_rope", "relative_index_2d", "scaled_inv_freq", "sincos_1d", "sincos_2d",
-    "t5_bucket",
+    "Alibi", "Alibi2d", "ContinuousBias2d", "Learned1d", "Learned2d", "MRope", "NoPE", "RelBias2d", "Rope",
+    "Rope2d", "Rope2dMixed", "RopeScaling", "Rotary", "SCALING_TYPES", "ShawRelative", "SinCos1d", "SinCos2d",
+    "T5Bias", "XPos", "alibi_slopes", "apply_rope", "mrope_positions", "relative_index_2d", "scaled_inv_freq",
+    "sincos_1d", "sincos_2d", "t5_bucket",
 ]  # fmt: skip

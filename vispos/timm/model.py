@@ -24,6 +24,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..positions import PositionContext, Positions
+from .inherit import timm_freqs
 
 PREFIX_TOKENS: tuple[str, ...] = ("cls_token", "dist_token", "reg_token")  # timm's order
 
@@ -124,6 +125,7 @@ def adopt_timm_checkpoint(model: PatchedViT, state_dict: dict[str, Any], prefix:
     if any(k.startswith(f"{prefix}vispos.") for k in state_dict):
         return  # a vispos checkpoint: its settings are checked by Positions.set_extra_state
     state_dict[f"{prefix}vispos._extra_state"] = model.vispos.get_extra_state()
+    _adopt_rope_freqs(model, state_dict, prefix)
     table = state_dict.pop(f"{prefix}pos_embed", None)
     if table is None:
         return
@@ -137,6 +139,18 @@ def adopt_timm_checkpoint(model: PatchedViT, state_dict: dict[str, Any], prefix:
         )
     for key, value in additive.state_dict().items():  # the adopted table, under the patched model's keys
         state_dict[f"{prefix}vispos.additive.{key}"] = value
+
+
+def _adopt_rope_freqs(model: PatchedViT, state_dict: dict[str, Any], prefix: str) -> None:
+    """timm's RoPE-Mixed ``rope.freqs`` [2, depth, heads, d/2] -> each layer's ``vispos.attention.i.freqs``,
+    when this model inherited a RoPE-Mixed (else the key stays, and loading reports it as unexpected)."""
+    inherited = model.vispos.settings.get("inherited") or {}
+    key = f"{prefix}rope.freqs"
+    if key not in state_dict or "freqs_order" not in inherited:
+        return
+    freqs = timm_freqs(state_dict.pop(key), inherited["freqs_order"])
+    for i in range(freqs.shape[1]):
+        state_dict[f"{prefix}vispos.attention.{i}.freqs"] = freqs[:, i]
 
 
 def _scheme_names(model: PatchedViT) -> str:

@@ -24,6 +24,7 @@ from .._validate import check_grid
 from ..positions import Positions
 from ..registry import SchemeInfo, build_in_context, get_info, list_encodings, split_options
 from .attention import SUPPORTED_ATTENTION, PatchedAttention
+from .inherit import OwnRope, adopt_freqs, merge_options, own_rope, warn
 from .model import PatchedViT, adopt_timm_checkpoint, patched_class
 
 SUPPORTED_MODELS: tuple[type, ...] = (VisionTransformer, Eva)
@@ -48,7 +49,23 @@ def _resolve_schemes(pos: str | list[str] | tuple[str, ...]) -> tuple[SchemeInfo
     return (additive[0] if additive else None), (attention[0] if attention else None)
 
 
+# timm families whose attention carries a relative position bias of its own (not replaced by vispos)
+OWN_RELATIVE_BIAS: dict[str, str] = {
+    "VisionTransformerRelPos": "vit_relpos_* / vit_srelpos_*",
+    "Beit": "BEiT",
+    "SwinTransformer": "Swin",
+    "SwinTransformerV2": "Swin V2",
+    "SwinTransformerV2Cr": "Swin V2 (Cr)",
+}
+
+
 def _check_model(model: nn.Module) -> None:
+    own_bias = OWN_RELATIVE_BIAS.get(type(model).__name__)
+    if own_bias is not None:
+        raise TypeError(
+            f"timm {type(model).__name__} ({own_bias}) has a relative position bias of its own inside every "
+            "attention layer, which vispos does not replace; vispos.patch supports timm VisionTransformer and Eva"
+        )
     if not isinstance(model, SUPPORTED_MODELS):
         names = ", ".join(f"timm {c.__name__}" for c in SUPPORTED_MODELS)
         raise TypeError(f"vispos.patch supports {names} (and subclasses such as DeiT); got {type(model).__name__}")
@@ -78,18 +95,32 @@ def _build(info: SchemeInfo, context: dict[str, Any], options: dict[str, Any], c
     return build_in_context(info, context, options)
 
 
-def patch(model: nn.Module, pos: str | list[str] | tuple[str, ...], **options: Any) -> nn.Module:
+def patch(
+    model: nn.Module, pos: str | list[str] | tuple[str, ...], *, inherit: bool = True, **options: Any
+) -> nn.Module:
     """Give a timm ViT the positional scheme ``pos`` (one name, or an additive + an attention scheme).
 
     In place; returns the model. Scheme options (``theta``, ``coords``, ``scaling``...) go to the
     scheme that accepts them; what the model determines (widths, heads, grid) is not an option.
     The model then runs at any input size divisible by its patch size. Patching twice is refused:
     patch a fresh model and load the weights instead.
+
+    A model with a RoPE of its own (timm's RoPE-ViT, EVA-02, DINOv3, PE models) keeps it by default
+    (``inherit=True``): ``rope2d`` (``rope2d_mixed`` for RoPE-Mixed models, whose learned frequencies
+    are adopted) takes the model's conventions as options, and a learned ``pos_embed`` beside the RoPE
+    stays (as ``learned2d``), so the outputs are unchanged. Options you pass win, with a
+    ``PretrainedPositionsWarning`` naming what the weights assume; another scheme discards the model's
+    RoPE with that warning too. ``inherit=False`` starts from fresh positions silently.
     """
     _check_model(model)
     additive, attention = _resolve_schemes(pos)
+    own = own_rope(model) if inherit else None
+    if own is not None:
+        additive, attention = _inheriting(model, own, additive, attention)
     used = [i for i in (additive, attention) if i is not None]
     per_scheme = dict(zip([i.name for i in used], split_options(used, options), strict=True))
+    if own is not None and attention is not None and attention.name == own.scheme:
+        per_scheme[own.scheme] = merge_options(own, per_scheme[own.scheme])
     grid = check_grid(tuple(model.patch_embed.grid_size))
     attn0 = model.blocks[0].attn
     depth = len(model.blocks)
@@ -107,6 +138,8 @@ def patch(model: nn.Module, pos: str | list[str] | tuple[str, ...], **options: A
     if attention is not None:
         att_context = context | {"dim": attn0.head_dim, "num_prefix_tokens": model.num_prefix_tokens}
         att_module = _build(attention, att_context, per_scheme[attention.name], depth)
+        if own is not None and own.freqs is not None and attention.name == own.scheme:
+            adopt_freqs(att_module, own)
 
     model.vispos = Positions(
         additive=add_module,
@@ -116,7 +149,8 @@ def patch(model: nn.Module, pos: str | list[str] | tuple[str, ...], **options: A
         num_prefix_tokens=model.num_prefix_tokens,
         train_grid=grid,
         schemes=[i.name for i in used] or ["nope"],
-        options=options,
+        options={k: v for scheme_options in per_scheme.values() for k, v in scheme_options.items()},
+        inherited=own.record() if own is not None and attention is not None and attention.name == own.scheme else None,
     )
     model.pos_embed = None
     if isinstance(model, Eva):
@@ -131,8 +165,39 @@ def patch(model: nn.Module, pos: str | list[str] | tuple[str, ...], **options: A
     return model
 
 
+def _inheriting(
+    model: nn.Module, own: OwnRope, additive: SchemeInfo | None, attention: SchemeInfo | None
+) -> tuple[SchemeInfo | None, SchemeInfo | None]:
+    """The schemes to build when the model has a RoPE of its own: its learned table stays beside it
+    (as learned2d) unless another additive scheme was asked for; anything discarded is said."""
+    if attention is None or attention.name != own.scheme:
+        asked = attention.name if attention is not None else "no attention scheme"
+        warn(
+            f"this model's own RoPE ({own.describe()}) is discarded: {asked} replaces it, and the pretrained "
+            f"weights were trained with it. Patch with {own.scheme!r} to keep it, or inherit=False to start "
+            "fresh without this warning"
+        )
+        return additive, attention
+    if getattr(model, "pos_embed", None) is None:
+        return additive, attention
+    if additive is None:
+        return get_info("learned2d", ndim=2), attention
+    if additive.name != "learned2d":
+        warn(
+            f"this model's learned pos_embed (beside its RoPE) is discarded: {additive.name} replaces it. "
+            "Leave the additive scheme out (or use learned2d) to keep it"
+        )
+    return additive, attention
+
+
 def create_model(
-    model_name: str, *, pos: str | list[str], pos_options: dict[str, Any] | None = None, **timm_kwargs: Any
+    model_name: str,
+    *,
+    pos: str | list[str],
+    pos_options: dict[str, Any] | None = None,
+    inherit: bool = True,
+    **timm_kwargs: Any,
 ) -> nn.Module:
-    """``timm.create_model(model_name, **timm_kwargs)`` followed by ``patch(model, pos, **pos_options)``."""
-    return patch(timm.create_model(model_name, **timm_kwargs), pos, **(pos_options or {}))
+    """``timm.create_model(model_name, **timm_kwargs)`` followed by ``patch(model, pos, inherit=inherit,
+    **pos_options)``."""
+    return patch(timm.create_model(model_name, **timm_kwargs), pos, inherit=inherit, **(pos_options or {}))

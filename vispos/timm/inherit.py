@@ -1,0 +1,143 @@
+"""What a timm model's own RoPE is, in vispos's options: the conventions its pretrained weights assume.
+
+timm's RoPE families differ in axis order, pair layout, coordinates and frequencies (read from timm's
+``layers/pos_embed_sincos.py``); each maps onto ``rope2d`` / ``rope2d_mixed`` options:
+
+- ``RotaryEmbeddingCat`` on an index grid -> ``rope2d`` with ``coords="pixel"``: RoPE-ViT axial (x
+  first), EVA-02 and timm's ``vit_*_rope_reg*`` (y first, reference grid), PE (x first, offset 1,
+  reference grid).
+- ``RotaryEmbeddingDinoV3`` -> ``rope2d`` with ``coords="normalized"`` (DINOv3).
+- ``RotaryEmbeddingMixed`` -> ``rope2d_mixed`` with the learned ``freqs`` (RoPE-ViT mixed).
+
+timm's ``grid_indexing="ij"`` puts y first (``axes="yx"``), ``"xy"`` puts x first; ``rotate_half``
+selects the half layout, otherwise pairs are interleaved.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from timm.layers.pos_embed_sincos import (
+    RotaryEmbedding,
+    RotaryEmbeddingCat,
+    RotaryEmbeddingDinoV3,
+    RotaryEmbeddingMixed,
+)
+from torch import nn
+
+
+class PretrainedPositionsWarning(UserWarning):
+    """Patching discards or overrides positions a pretrained model's weights were trained with."""
+
+
+@dataclass
+class OwnRope:
+    """A timm model's RoPE as a vispos scheme: ``scheme`` with ``options`` (plus learned ``freqs`` for
+    RoPE-Mixed, [2 (x, y), depth, heads, head_dim / 2])."""
+
+    scheme: str
+    options: dict[str, Any]
+    source: str
+    freqs: torch.Tensor | None = field(default=None, repr=False)
+    freqs_order: str = "xy"  # timm's first frequency component multiplies x ("xy") or y ("yx")
+
+    def record(self) -> dict[str, str]:
+        """What ``vispos_cfg["inherited"]`` keeps: the source, and for learned frequencies their axis order
+        (so a plain timm checkpoint's ``rope.freqs`` can be loaded later, see ``adopt_timm_checkpoint``)."""
+        return {"from": self.source} | ({"freqs_order": self.freqs_order} if self.freqs is not None else {})
+
+    def describe(self) -> str:
+        return f"{self.source}: {self.scheme}({', '.join(f'{k}={v!r}' for k, v in self.options.items())})"
+
+
+def _augmentation(rope: nn.Module) -> dict[str, float]:
+    names = ("shift_coords", "jitter_coords", "rescale_coords")
+    return {n: float(getattr(rope, n)) for n in names if getattr(rope, n, None) is not None}
+
+
+def _axes(rope: nn.Module) -> str:
+    return "yx" if rope.grid_indexing == "ij" else "xy"
+
+
+def own_rope(model: nn.Module) -> OwnRope | None:
+    """The RoPE a timm model (``Eva`` family) carries, or None. Raises for a RoPE vispos cannot reproduce."""
+    rope = getattr(model, "rope", None)
+    if rope is None:
+        return None
+    source = f"timm {type(rope).__name__}"
+    if isinstance(rope, (RotaryEmbeddingCat, RotaryEmbedding)):
+        if rope.grid_type != "index":
+            raise ValueError(
+                f"this model's RoPE ({source} with grid_type={rope.grid_type!r}, pixel-frequency bands) has no "
+                "vispos equivalent; patch(model, ..., inherit=False) replaces it with a fresh scheme"
+            )
+        options: dict[str, Any] = {
+            "theta": float(rope.temperature),
+            "coords": "pixel",
+            "axes": _axes(rope),
+            "layout": "half" if rope.rotate_half else "interleaved",
+            "offset": float(rope.grid_offset),
+            "ref_grid": None if rope.ref_feat_shape is None else tuple(int(s) for s in rope.ref_feat_shape),
+        }
+        return OwnRope("rope2d", options | _augmentation(rope), source)
+    if isinstance(rope, RotaryEmbeddingDinoV3):
+        options = {
+            "coords": "normalized",
+            "axes": _axes(rope),
+            "layout": "half" if rope.rotate_half else "interleaved",
+            "offset": float(rope.grid_offset),
+            "normalize": rope.normalize_coords,
+        }
+        if rope.min_period is not None and rope.max_period is not None:
+            options |= {"min_period": float(rope.min_period), "max_period": float(rope.max_period)}
+        else:
+            options["theta"] = float(rope.temperature)
+        return OwnRope("rope2d", options | _augmentation(rope), source)
+    if isinstance(rope, RotaryEmbeddingMixed):
+        order = _axes(rope)
+        options = {"theta": float(rope.temperature), "coords": "pixel", "layout": "interleaved", "offset": 0.0}
+        return OwnRope("rope2d_mixed", options | _augmentation(rope), source, timm_freqs(rope.freqs, order), order)
+    raise ValueError(
+        f"this model's RoPE ({source}) has no vispos equivalent; "
+        "patch(model, ..., inherit=False) replaces it with a fresh scheme"
+    )
+
+
+def timm_freqs(freqs: torch.Tensor, order: str) -> torch.Tensor:
+    """timm's RoPE-Mixed ``freqs`` [2, depth, heads, d/2] in vispos's (x, y) component order."""
+    freqs = freqs.detach()
+    return freqs.flip(0) if order == "yx" else freqs
+
+
+def merge_options(own: OwnRope, chosen: dict[str, Any]) -> dict[str, Any]:
+    """The inherited options with the user's on top; one warning names every override."""
+    overridden = {k: v for k, v in chosen.items() if k in own.options and _differs(v, own.options[k])}
+    if overridden:
+        said = ", ".join(f"{k}={v!r}" for k, v in overridden.items())
+        assumed = ", ".join(f"{k}={own.options[k]!r}" for k in overridden)
+        warn(
+            f"you set {said}, but this model's pretrained weights assume {assumed} ({own.source}); "
+            "its outputs will change. Drop those options to keep what the model learned"
+        )
+    return own.options | chosen
+
+
+def _differs(a: Any, b: Any) -> bool:
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return tuple(a) != tuple(b)
+    return a != b
+
+
+def adopt_freqs(modules: nn.ModuleList, own: OwnRope) -> None:
+    """Copy RoPE-Mixed's learned frequencies, layer by layer, into vispos's per-layer modules."""
+    assert own.freqs is not None
+    with torch.no_grad():
+        for i, module in enumerate(modules):
+            module.freqs.copy_(own.freqs[:, i])
+
+
+def warn(message: str) -> None:
+    warnings.warn(message, PretrainedPositionsWarning, stacklevel=4)
