@@ -38,9 +38,8 @@ def check_schemes(schemes: list[SchemeConfig]) -> None:
             raise ConfigError(f"schemes[{s.name}]: {TIMM_TABLE!r} stands alone (no combination, options or drope)")
 
 
-def build_model(m: ModelConfig, scheme: SchemeConfig, *, img_size: int, num_classes: int, in_chans: int,
-                seed: int) -> nn.Module:
-    """timm.create_model with the config's architecture (same seed for every scheme), then vispos.patch."""
+def timm_kwargs(m: ModelConfig, *, img_size: int, num_classes: int, in_chans: int) -> dict[str, Any]:
+    """The keyword arguments of ``timm.create_model`` for the config's architecture."""
     kwargs: dict[str, Any] = {
         k: v
         for k, v in {
@@ -52,6 +51,13 @@ def build_model(m: ModelConfig, scheme: SchemeConfig, *, img_size: int, num_clas
     kwargs.update(img_size=img_size, in_chans=in_chans, num_classes=num_classes,
                   drop_rate=m.drop_rate, drop_path_rate=m.drop_path_rate)
     kwargs.update(m.kwargs)
+    return kwargs
+
+
+def build_model(m: ModelConfig, scheme: SchemeConfig, *, img_size: int, num_classes: int, in_chans: int,
+                seed: int) -> nn.Module:
+    """timm.create_model with the config's architecture (same seed for every scheme), then vispos.patch."""
+    kwargs = timm_kwargs(m, img_size=img_size, num_classes=num_classes, in_chans=in_chans)
     timm_table = scheme.pos == [TIMM_TABLE]
     if timm_table:
         kwargs.setdefault("dynamic_img_size", True)
