@@ -115,7 +115,7 @@ def test_multires_seeds_and_finetune_checks() -> None:
         config_from_dict({**BASE, "seeds": [0, 0]})
     with pytest.raises(ConfigError, match="finetune: size, steps and batch_size must be >= 1"):
         config_from_dict({**BASE, "finetune": {"size": 56, "steps": 0}})
-    with pytest.raises(ConfigError, match=r"schemes\[rope2d\+linear\]: sizes .* needs a trained entry"):
+    with pytest.raises(ConfigError, match=r"schemes\[rope2d\+linear\]: sizes and augment .* need a trained entry"):
         config_from_dict({**BASE, "schemes": ["rope2d", {"name": "rope2d+linear", "base": "rope2d", "sizes": [16]}]})
     with pytest.raises(ConfigError, match=r"schemes\[a\]\.sizes: sizes in \[1, data\.img_size=28\]"):
         config_from_dict({**BASE, "schemes": [{"name": "a", "pos": "rope2d", "sizes": [56]}]})

@@ -205,8 +205,8 @@ def test_seeds_finetune_and_multires_run(tmp_path: Path) -> None:
     """Per-seed runs in seed_<k>/, mean ± std on top; fine-tuned weights beside, never over, the zero-shot ones."""
     import statistics
 
-    sections = {"schemes": ["learned2d", "rope2d", "rope2d+linear"], "train": {"sizes": [16, 20, 28]},
-                "eval": {"sizes": [28, 40]}}
+    sections = {"schemes": ["learned2d", {"name": "rope2d", "pos": "rope2d", "augment": "rrc_flip"}, "rope2d+linear"],
+                "train": {"sizes": [16, 20, 28]}, "eval": {"sizes": [28, 40]}}
     finetune = {"size": 40, "steps": 3, "batch_size": 20}
     results = run_experiment(tiny_config(tmp_path / "many", **sections, seeds=[0, 1], finetune=finetune))
     alone = run_experiment(tiny_config(tmp_path / "one", **sections, seed=1))  # seed 1 alone, no fine-tune
@@ -232,6 +232,10 @@ def test_seeds_finetune_and_multires_run(tmp_path: Path) -> None:
     tensors = [k for k, v in zero_shot.items() if torch.is_tensor(v)]
     assert all(torch.equal(zero_shot[k], untouched[k]) for k in tensors)  # the checkpoint is the zero-shot model
     assert not all(torch.equal(zero_shot[k], tuned[k]) for k in tensors)
+    saved_cfg = {name: torch.load(tmp_path / "one" / name / "checkpoint.pt", weights_only=True)["config"]
+                 for name in ("learned2d", "rope2d")}
+    augments = {name: c["data"]["augment"] for name, c in saved_cfg.items()}
+    assert augments == {"learned2d": "none", "rope2d": "rrc_flip"}  # the recipe's own augmentation
     md = (tmp_path / "many" / "results.md").read_text()
     acc = results.schemes["learned2d"]
     assert "Seeds 0, 1: cells are mean ± sample std" in md and "multi-resolution: one size per step" in md

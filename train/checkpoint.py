@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .config import ExperimentConfig, SchemeConfig, scheme_train, to_dict
+from .config import ExperimentConfig, SchemeConfig, scheme_config, to_dict
 
 FORMAT = 1
 
@@ -83,8 +83,9 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 def fingerprint(cfg: ExperimentConfig, scheme: SchemeConfig) -> dict[str, Any]:
     """What determines the trained weights; a checkpoint is resumed only when this matches."""
+    cfg = scheme_config(cfg, scheme)
     data = {k: v for k, v in to_dict(cfg.data).items() if k != "workers"}
-    train = {k: v for k, v in to_dict(scheme_train(cfg, scheme)).items() if k not in ("checkpoint_every", "compile")}
+    train = {k: v for k, v in to_dict(cfg.train).items() if k not in ("checkpoint_every", "compile")}
     sch = {k: v for k, v in to_dict(scheme).items() if k in ("pos", "options", "drope")}
     return {"seed": cfg.seed, "data": data, "model": to_dict(cfg.model), "train": train, "scheme": sch}
 

@@ -77,7 +77,9 @@ class SchemeConfig(SchemeEntry):
 
     pos: list[str] = field(default_factory=list)  # vispos registry names ("timm": timm's own table)
     log_n_attention: bool = False  # evaluation only: logits x max(1, ln N / ln N_train) (vispos.configure)
-    sizes: list[int] | None = None  # this entry's multi-resolution set (px), in place of train.sizes / size_range
+    # a recipe's own training levers, in place of the shared ones (trained entries only)
+    sizes: list[int] | None = None  # multi-resolution set (px), in place of train.sizes / size_range
+    augment: Literal["none", "flip", "crop_flip", "rrc_flip"] | None = None  # in place of data.augment
 
 
 @dataclass
@@ -191,11 +193,14 @@ def to_dict(cfg: Any) -> Any:
 # cross-field checks
 
 
-def scheme_train(cfg: ExperimentConfig, scheme: SchemeConfig) -> TrainConfig:
-    """The training settings of one entry: the shared ones, with the entry's own multi-resolution sizes."""
-    if scheme.sizes is None:
-        return cfg.train
-    return dataclasses.replace(cfg.train, sizes=list(scheme.sizes), size_range=None)
+def scheme_config(cfg: ExperimentConfig, scheme: SchemeConfig) -> ExperimentConfig:
+    """The settings one entry trains under: the shared ones, with the entry's own training levers
+    (``sizes``, ``augment``) in place of ``train.sizes`` / ``train.size_range`` and ``data.augment``."""
+    if scheme.sizes is not None:
+        cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, sizes=list(scheme.sizes), size_range=None))
+    if scheme.augment is not None:
+        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, augment=scheme.augment))
+    return cfg
 
 
 def validate(cfg: ExperimentConfig) -> ExperimentConfig:
@@ -240,10 +245,10 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
         raise ConfigError("data: give both mean and std, or neither")
     _validate_multires(t, d.img_size)
     for s in cfg.schemes:
+        if not s.trains and (s.sizes is not None or s.augment is not None):
+            raise ConfigError(f"schemes[{s.name}]: sizes and augment (training levers) need a trained entry, "
+                              "not an evaluation-only one (base)")
         if s.sizes is not None:
-            if not s.trains:
-                raise ConfigError(f"schemes[{s.name}]: sizes (multi-resolution training) needs a trained entry, "
-                                  "not an evaluation-only one (base)")
             _validate_multires(TrainConfig(sizes=s.sizes), d.img_size, f"schemes[{s.name}].sizes")
     f = cfg.finetune
     if f.size is not None and (f.size < 1 or f.steps < 1 or (f.batch_size is not None and f.batch_size < 1)):

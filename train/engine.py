@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from . import checkpoint as ckpt_io
 from .accuracy import top1
-from .config import ConfigError, ExperimentConfig, SchemeConfig, scheme_train, to_dict
+from .config import ConfigError, ExperimentConfig, SchemeConfig, scheme_config, to_dict
 from .data import DataBundle
 from .loaders import Batch, EvalLoader, TrainLoader, train_sizes
 from .models import build_model, patch_size_of, set_positions
@@ -108,12 +108,13 @@ class SchemeTrainer:
 
     def __init__(self, cfg: ExperimentConfig, scheme: SchemeConfig, data: DataBundle, rt: Runtime, folder: Path,
                  log: Callable[[str], None]) -> None:
+        cfg = scheme_config(cfg, scheme)  # the entry's own training levers, if any
         self.cfg, self.scheme, self.data, self.rt, self.folder, self.log = cfg, scheme, data, rt, folder, log
         self.path = folder / "checkpoint.pt"
         self.model = build_model(cfg.model, scheme, img_size=cfg.data.img_size, num_classes=data.num_classes,
                                  in_chans=data.in_chans, seed=cfg.seed).to(rt.device)
         self.opt = make_optimizer(self.model, cfg.train)
-        sizes = train_sizes(scheme_train(cfg, scheme), cfg.data.img_size, patch_size_of(self.model))
+        sizes = train_sizes(cfg.train, cfg.data.img_size, patch_size_of(self.model))
         self.loader = TrainLoader(data, cfg.data, batch_size=cfg.train.batch_size, seed=cfg.seed, dist=rt.dist,
                                   sizes=sizes)
         self.steps = len(self.loader)

@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from . import checkpoint as ckpt_io
 from .accuracy import eval_sizes, evaluate_model
-from .config import ExperimentConfig, SchemeConfig, scheme_train, to_dict
+from .config import ExperimentConfig, SchemeConfig, scheme_config, to_dict
 from .data import DataBundle, build_data
 from .engine import train_scheme
 from .finetune import finetune
@@ -101,7 +101,7 @@ class Experiment:
         self.train_sizes = train_sizes(cfg.train, cfg.data.img_size, patch)
         for s in cfg.schemes:
             if s.sizes is not None:
-                train_sizes(scheme_train(cfg, s), cfg.data.img_size, patch)
+                train_sizes(scheme_config(cfg, s).train, cfg.data.img_size, patch)
         if cfg.finetune.size is not None and cfg.finetune.size % patch:
             raise ValueError(f"finetune.size={cfg.finetune.size} is not a multiple of the patch size {patch}")
         self.grid = (cfg.data.img_size // patch, cfg.data.img_size // patch)
@@ -177,7 +177,7 @@ class Experiment:
         cached = _cached(folder / "finetune.json", fp) if self.cfg.resume else None
         if cached is not None:
             return accuracy_from_json(cached["accuracy"]), float(cached["seconds"])
-        tuned, seconds = finetune(self.cfg, s, model, self.data, self.rt, folder, log=self.say)
+        tuned, seconds = finetune(scheme_config(self.cfg, s), s, model, self.data, self.rt, folder, log=self.say)
         acc, _ = evaluate_model(tuned, self.loader, ["resize"], [size], self.rt, desc=f"eval {s.name} fine-tuned")
         if self.rt.is_main:
             folder.mkdir(parents=True, exist_ok=True)

@@ -151,6 +151,7 @@ def write_outputs(results: RunResult, run_dir: Path) -> str:
     sizes = results.config.get("train", {}).get("sizes") or results.config.get("train", {}).get("size_range")
     seeds = results.seeds or [results.config.get("seed", 0)]
     multires = {name: r for name, r in results.schemes.items() if r.scheme.sizes}
+    augmented = {name: r for name, r in results.schemes.items() if r.scheme.augment}
     notes = [
         f"# {results.name}",
         "",
@@ -163,6 +164,8 @@ def write_outputs(results: RunResult, run_dir: Path) -> str:
         "",
         *([f"Multi-resolution entries (one size per step, none above {results.train_size} px): "
            + ", ".join(f"{name} {r.scheme.sizes}" for name, r in multires.items()) + ".", ""] if multires else []),
+        *([f"Entries with their own augmentation (data.augment: {results.config['data']['augment']}): "
+           + ", ".join(f"{name} {r.scheme.augment}" for name, r in augmented.items()) + ".", ""] if augmented else []),
         *([f"Made by `{results.command}` in {results.wall_seconds:.0f} s ({results.device}, "
            f"{results.processes} process(es)).", ""] if results.command else []),
         "",
