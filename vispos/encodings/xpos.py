@@ -33,17 +33,9 @@ def centred_power(positions: torch.Tensor, scale_base: float) -> torch.Tensor:
     return ((pos - centre) / scale_base)[..., None]
 
 
-@register(
-    "xpos",
-    ndim=1,
-    kind="rotary",
-    trainable=False,
-    relative=True,
-    context=("dim",),
-    summary="RoPE with exponential decay (causal)",
-    extrapolation="better than RoPE (distance decay)",
-    reference="Sun et al. 2022",
-)
+@register("xpos", ndim=1, kind="rotary", trainable=False, relative=True, context=("dim",),
+    summary="RoPE with exponential decay (causal)", extrapolation="better than RoPE (distance decay)",
+    reference="Sun et al. 2022")
 class XPos(nn.Module):
     def __init__(self, *, dim: int, theta: float = 10000.0, scale_base: float = 512.0, layout: str = "half") -> None:
         super().__init__()
