@@ -59,7 +59,7 @@ def test_catalogue_has_the_design_names() -> None:
         "alibi2d",
         "nope",
     }
-    assert set(SCHEMES_1D) == {"sincos1d", "learned1d", "shaw", "t5", "alibi", "rope", "xpos", "nope"}
+    assert set(SCHEMES_1D) == {"sincos1d", "learned1d", "shaw", "t5", "alibi", "rope", "xpos", "mrope", "nope"}
     assert vispos.list_encodings() == sorted(set(SCHEMES_1D) | set(SCHEMES_2D))
 
 
@@ -164,7 +164,9 @@ def test_1d_rotary_returns_input_dtype(name: str) -> None:
 @pytest.mark.parametrize("name", SCHEMES_1D)
 def test_1d_output_shape_finite(name: str) -> None:
     info = vispos.get_info(name, 1)
-    positions = torch.tensor([[0, 1, 2, 3, 4], [3, 4, 5, 6, 7]])
+    positions = torch.tensor([[0, 1, 2, 3, 4], [3, 4, 5, 6, 7]])  # [B, N]
+    if info.position_axes > 1:  # several ids per token: [axes, B, N]
+        positions = positions.expand(info.position_axes, -1, -1)
     out = build(name, 1)(positions)
     if info.kind == "none":
         assert out is None

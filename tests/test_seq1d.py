@@ -133,11 +133,13 @@ def test_each_task_trains_and_evaluates_at_2x(task: str) -> None:
 def test_every_1d_scheme_and_scaling_runs_at_2x() -> None:
     names = vispos.list_encodings(ndim=1)
     schemes = [n for n in names if n != "learned1d"] + ["learned1d+clamp"]
-    schemes += [f"rope+{s}" for s in ("linear", "ntk", "dynamic_ntk", "yarn", "longrope")]
+    schemes += [f"rope+{s}" for s in ("linear", "ntk", "dynamic_ntk", "yarn", "longrope", "llama3")]
+    schemes.append({"name": "rope+yarn_mscale", "base": "rope", "scaling": "yarn",
+                    "scaling_options": {"mscale": 0.707, "mscale_all_dim": 0.707}})  # fmt: skip
     schemes.insert(0, {"name": "learned1d", "pos": "learned1d", "options": {"out_of_range": "clamp"}})
     results = run(config_from_dict(tiny(schemes=schemes)))
     rows = results["tasks"]["passkey"]["rows"]
-    assert {"sincos1d", "shaw", "t5", "alibi", "rope", "xpos", "nope"} <= set(rows)
+    assert {"sincos1d", "shaw", "t5", "alibi", "rope", "xpos", "mrope", "nope", "rope+llama3"} <= set(rows)
     for row in rows.values():
         assert all(v is not None for v in row["accuracy"].values()), row["name"]
     longrope = results["tasks"]["passkey"]["longrope"]

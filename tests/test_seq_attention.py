@@ -35,7 +35,7 @@ def tokens(b: int = 2, n: int = N, seed: int = 1) -> torch.Tensor:
 
 
 def test_every_non_additive_1d_scheme_is_an_attention_scheme() -> None:
-    assert set(ATTENTION_SCHEMES) == {"alibi", "nope", "rope", "shaw", "t5", "xpos"}
+    assert set(ATTENTION_SCHEMES) == {"alibi", "mrope", "nope", "rope", "shaw", "t5", "xpos"}
 
 
 @pytest.mark.parametrize("pos", ATTENTION_SCHEMES)
@@ -46,7 +46,9 @@ def test_fused_and_eager_attention_agree(pos: str, causal: bool) -> None:
     x = tokens()
     keep = torch.ones(2, 1, 1, N, dtype=torch.bool)
     keep[1, ..., -3:] = False  # padding keys in the second sequence
-    positions = torch.tensor([list(range(N)), list(range(5, 5 + N))])
+    positions = torch.tensor([list(range(N)), list(range(5, 5 + N))])  # [B, N]
+    if fused.position_axes > 1:  # several ids per token (mrope): [axes, B, N], different on each axis
+        positions = torch.stack([positions.roll(i, dims=-1) for i in range(fused.position_axes)])
     with torch.no_grad():
         torch.testing.assert_close(fused(x), eager(x), atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(fused(x, positions, keep), eager(x, positions, keep), atol=1e-5, rtol=1e-5)
@@ -228,10 +230,8 @@ def test_bf16_attention_stays_bf16_and_close(pos: str) -> None:
 def test_configure_sets_rope_scaling_on_a_stack_of_attention_layers() -> None:
     """One scaling API for 1D and 2D: vispos.configure reaches every RoPE of a plain layer stack."""
     stack = torch.nn.Sequential(make("rope"), make("rope"))
-    reference = torch.nn.Sequential(
-        make("rope", scaling={"type": "yarn", "factor": 4.0, "original_length": N}),
-        make("rope", scaling={"type": "yarn", "factor": 4.0, "original_length": N}),
-    )
+    reference = torch.nn.Sequential(make("rope", scaling={"type": "yarn", "factor": 4.0, "original_length": N}),
+                                    make("rope", scaling={"type": "yarn", "factor": 4.0, "original_length": N}))
     torch.testing.assert_close(reference[0].qkv.weight, stack[1].qkv.weight, rtol=0, atol=0)  # make() seeds 0
     x = tokens(n=4 * N)
     with torch.no_grad():
