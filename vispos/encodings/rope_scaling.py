@@ -159,18 +159,17 @@ class RopeScaling:
         map to fields by ``HF_KEYS``; keys of the rotation itself (``HF_ROTATION_KEYS``: theta, partial
         rotary, mrope sections) are left to the caller. As transformers reads them:
 
-        - ``original_max_position_embeddings``: the dict's, else the model config's (which wins for longrope:
-          Phi-3 keeps it there), else ``max_position_embeddings``;
+        - ``original_max_position_embeddings``: the model config's when it has one (it takes precedence:
+          Phi-3 keeps it there), else the dict's, else ``max_position_embeddings``;
         - yarn / longrope without ``factor``: max_position_embeddings / original (Phi-3's fixed LongRoPE factor);
         - dynamic grows from ``max_position_embeddings``; yarn's ``mscale`` / ``mscale_all_dim`` count only as a pair.
         """
         rope, model_orig = config, None
-        for key in ("rope_parameters", "rope_scaling"):
-            if key in config:  # a whole model config
-                rope, model_orig = config[key] or {}, config.get("original_max_position_embeddings")
-                if max_position_embeddings is None:
-                    max_position_embeddings = config.get("max_position_embeddings")
-                break
+        if "rope_scaling" in config or "rope_parameters" in config:  # a whole model config
+            rope = config.get("rope_scaling") or config.get("rope_parameters") or {}  # rope_scaling wins, as there
+            model_orig = config.get("original_max_position_embeddings")
+            if max_position_embeddings is None:
+                max_position_embeddings = config.get("max_position_embeddings")
         return _from_hf(dict(rope), max_position_embeddings, model_orig)
 
 
