@@ -46,3 +46,33 @@ def test_sequence_layers_reach_the_fused_cpu_kernel(pos: str, causal: bool) -> N
     x = torch.randn(2, 20, 48)
     with torch.inference_mode():
         assert sdpa_kernels(lambda: layer(x)) == {"flash (CPU)"}
+
+
+# --- the bias mask gathered in one step ----------------------------------------------------------------
+@pytest.mark.parametrize("scheme", ["relbias2d", "cpb2d", "alibi2d"])
+@pytest.mark.parametrize("grid", [(3, 5), (4, 4)])
+def test_one_gather_builds_the_same_mask_as_the_per_token_pairs(scheme: str, grid: tuple[int, int]) -> None:
+    """Mask [1, heads, P + HW, P + HW] from the per-offset values and the prefix entries in one gather,
+    against a mask written pair by pair from the offset and BEiT's three entries."""
+    model = vispos.patch(timm.create_model("deit_tiny_distilled_patch16_224", img_size=64, depth=1), scheme)
+    module = model.vispos.attention[0] if model.vispos.attention_kind == "bias" and isinstance(
+        model.vispos.attention, torch.nn.ModuleList) else model.vispos.attention  # fmt: skip
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(torch.randn_like(p))
+    _, mask = model.vispos.context(grid, torch.device("cpu")).layer(0)
+    per_offset = module.offset_bias(grid)  # [heads, 2H-1, 2W-1]
+    entries = getattr(module, "prefix_bias", None)  # [3, heads] or None (zero)
+    h, w = grid
+    prefix = model.num_prefix_tokens
+    n = prefix + h * w
+    expected = torch.zeros(per_offset.shape[0], n, n)
+    for i in range(n):
+        for j in range(n):
+            if i >= prefix and j >= prefix:
+                (yi, xi), (yj, xj) = divmod(i - prefix, w), divmod(j - prefix, w)
+                expected[:, i, j] = per_offset[:, yi - yj + h - 1, xi - xj + w - 1]
+            elif entries is not None:
+                expected[:, i, j] = entries[2 if i < prefix and j < prefix else 0 if i < prefix else 1]
+    assert mask.shape == (1, *expected.shape)
+    torch.testing.assert_close(mask[0], expected, atol=0, rtol=0)

@@ -17,6 +17,7 @@ from torch import nn
 
 from ._validate import check_grid
 from .attention import as_float_mask, combine_masks
+from .encodings.relbias import bias_mask, prefixed_offset_index
 from .encodings.rope import Rotary
 
 
@@ -30,6 +31,7 @@ class PositionContext:
     user_mask: torch.Tensor | None  # the caller's attn_mask, as an additive float mask
     shared: Rotary | torch.Tensor | None  # the output of a scheme shared by every layer, computed once
     logit_scale: float = 1.0  # extra temperature on every logit (log-n attention scaling)
+    bias_index: torch.Tensor | None = None  # where each token pair reads its bias (bias schemes), int32
 
     def layer(self, index: int) -> tuple[Rotary | None, torch.Tensor | None]:
         """(rotation: cos/sin [(heads,) N, d] or None, additive mask [1, heads, N, N] or the caller's mask)."""
@@ -115,17 +117,22 @@ class Positions(nn.Module):
         """``"sdpa"`` (default) or ``"flex"`` (relative biases through FlexAttention), as ``configure`` set it."""
         return self.settings.get("attention", "sdpa")
 
-    def _prefixed(self, module: nn.Module, grid: tuple[int, int], device: torch.device) -> Rotary | torch.Tensor:
+    def _prefixed(
+        self, module: nn.Module, grid: tuple[int, int], device: torch.device, index: torch.Tensor | None
+    ) -> Rotary | torch.Tensor:
         """One scheme module's output for all tokens, prefix tokens first: rotations with identity rows for
-        them, or a bias mask [1, heads, P + HW, P + HW] (4-D: SDPA's fused CPU kernel refuses 3-D masks)."""
-        out = module(grid, device)
+        them, or a bias mask [1, heads, P + HW, P + HW] (4-D: SDPA's fused CPU kernel refuses 3-D masks).
+        A bias with per-offset values is gathered straight into the mask (``bias_mask``), so building it
+        holds little more than the mask itself."""
         if self.attention_kind == "rotary":
-            return out.with_prefix(self.num_prefix_tokens)
-        return self._with_prefix(out, module)[None]
+            return module(grid, device).with_prefix(self.num_prefix_tokens)
+        if index is not None:
+            return bias_mask(module.offset_bias(grid, device), getattr(module, "prefix_bias", None), index)[None]
+        return self._with_prefix(module(grid, device), module)[None]
 
     def _with_prefix(self, bias: torch.Tensor, module: nn.Module) -> torch.Tensor:
-        """Patch bias [heads, HW, HW] -> [heads, P + HW, P + HW]. Prefix rows and columns take the scheme's
-        ``prefix_bias`` [3, heads] (prefix->patch, patch->prefix, prefix->prefix, as BEiT) or zero."""
+        """Patch bias [heads, HW, HW] -> [heads, P + HW, P + HW], for a bias scheme without ``offset_bias``.
+        Prefix rows and columns take the scheme's ``prefix_bias`` [3, heads] or zero."""
         p = self.num_prefix_tokens
         entries = getattr(module, "prefix_bias", None)
         if entries is None:
@@ -136,6 +143,13 @@ class Positions(nn.Module):
         bottom = torch.cat((from_patch.expand(heads, n, p), bias), dim=-1)  # [heads, HW, P + HW]
         return torch.cat((top, bottom), dim=-2)
 
+    def _bias_index(self, grid: tuple[int, int], device: torch.device) -> torch.Tensor | None:
+        """The gather index of the bias masks, built once per forward and shared by every layer."""
+        module = self._module(0) if self.attention is not None else None
+        if self.attention_kind != "bias" or not hasattr(module, "offset_bias"):
+            return None
+        return prefixed_offset_index(grid, self.num_prefix_tokens, device)
+
     def context(
         self, grid: tuple[int, int], device: torch.device, user_mask: torch.Tensor | None = None
     ) -> PositionContext:
@@ -143,11 +157,13 @@ class Positions(nn.Module):
         per-layer scheme when its layer asks (``PositionContext.layer``), so in inference at most one
         layer's bias mask exists at a time."""
         user = as_float_mask(user_mask, torch.float32)
-        shared = None
+        shared, index = None, None
         flex = self._flex_ready(user)  # then no dense mask is built unless someone asks for one
-        if self.enabled and self.attention is not None and not self._per_layer and not flex:
-            shared = self._combined(self._prefixed(self.attention, grid, device), user)
-        return PositionContext(self, grid, device, user, shared, self.logit_scale(grid))
+        if self.enabled and self.attention is not None and not flex:
+            index = self._bias_index(grid, device)
+            if not self._per_layer:
+                shared = self._combined(self._prefixed(self.attention, grid, device, index), user)
+        return PositionContext(self, grid, device, user, shared, self.logit_scale(grid), index)
 
     @property
     def _per_layer(self) -> bool:
@@ -163,7 +179,8 @@ class Positions(nn.Module):
         if ctx.shared is not None:
             out = ctx.shared
         else:
-            out = self._combined(self._prefixed(self._module(index), ctx.grid, ctx.device), ctx.user_mask)
+            module = self._module(index)
+            out = self._combined(self._prefixed(module, ctx.grid, ctx.device, ctx.bias_index), ctx.user_mask)
         return (out, ctx.user_mask) if self.attention_kind == "rotary" else (None, out)
 
     def _flex_ready(self, user_mask: torch.Tensor | None) -> bool:

@@ -43,6 +43,40 @@ def bias_from_offsets(per_offset: torch.Tensor, grid: tuple[int, int]) -> torch.
     return per_offset.flatten(1)[:, relative_index_2d(grid, per_offset.device)]
 
 
+def prefixed_offset_index(
+    grid: tuple[int, int], num_prefix_tokens: int, device: torch.device | None = None
+) -> torch.Tensor:
+    """Where each (query, key) pair of P prefix + H*W patch tokens reads its bias: [P+HW, P+HW] int32.
+
+    Patch pairs read Swin's index of their offset among the T = (2H-1)(2W-1) per-offset values; pairs
+    with a prefix token read one of three entries after them: T (prefix -> patch), T + 1 (patch ->
+    prefix), T + 2 (prefix -> prefix), BEiT's order. int32 keeps the index at 1 / heads of the fp32 mask
+    it gathers (``bias_mask``), which is then built in one step, prefix rows and columns included.
+    """
+    h, w = grid
+    p = num_prefix_tokens
+    i32 = dict(device=device, dtype=torch.int32)
+    yy, xx = torch.meshgrid(torch.arange(h, **i32), torch.arange(w, **i32), indexing="ij")
+    zeros = torch.zeros(p, **i32)  # prefix tokens get placeholder coordinates, replaced below
+    ys, xs = torch.cat((zeros, yy.flatten())), torch.cat((zeros, xx.flatten()))
+    index = (ys[:, None] - ys[None, :] + (h - 1)) * (2 * w - 1) + (xs[:, None] - xs[None, :] + (w - 1))
+    if p == 0:
+        return index
+    t = torch.tensor((2 * h - 1) * (2 * w - 1), **i32)
+    prefix = torch.arange(p + h * w, device=device) < p
+    query, key = prefix[:, None], prefix[None, :]
+    return torch.where(query, torch.where(key, t + 2, t), torch.where(key, t + 1, index))
+
+
+def bias_mask(per_offset: torch.Tensor, entries: torch.Tensor | None, index: torch.Tensor) -> torch.Tensor:
+    """Per-offset values [heads, 2H-1, 2W-1] and prefix entries [3, heads] (None: zero) gathered by a
+    ``prefixed_offset_index`` into the bias of every token pair, [heads, P+HW, P+HW]."""
+    heads = per_offset.shape[0]
+    extra = per_offset.new_zeros(heads, 3) if entries is None else entries.T.to(per_offset.dtype)
+    values = torch.cat((per_offset.flatten(1), extra), dim=1)
+    return values.index_select(1, index.flatten()).view(heads, *index.shape)
+
+
 def resize_bias_table(table: torch.Tensor, old_grid: tuple[int, int], new_grid: tuple[int, int]) -> torch.Tensor:
     """[(2H-1)(2W-1), heads] -> [(2H'-1)(2W'-1), heads], bicubic over the (dy, dx) plane."""
     if same_size(old_grid, new_grid):

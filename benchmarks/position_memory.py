@@ -1,0 +1,110 @@
+"""Peak memory of the positional part of a patched ViT, per scheme and image size.
+
+    python -m benchmarks.position_memory [--sizes 224 448 896] [--device cpu|cuda] [--json out.json]
+
+For ``vit_small_patch16_224`` (6 heads, one class token), batch 1, fp32, inference: the extra memory
+held at its peak while the model's ``PositionContext`` is built and every layer's rotation or bias mask
+is taken in turn, as the attention layers do during a forward. The yardstick is one layer's bias mask,
+[heads, N, N] in fp32 for N tokens: a bias scheme that builds its masks one layer at a time, without
+transient copies, stays near 1x.
+
+CPU: each measurement runs in a fresh process, which resets the kernel's resident-set high-water mark
+(``/proc/self/clear_refs``) and reads ``VmHWM`` against ``VmRSS`` before; GPU: ``max_memory_allocated``
+against ``memory_allocated`` before.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+import vispos
+
+MODEL = "vit_small_patch16_224"
+
+
+def _kib(key: str) -> int:
+    return int(re.search(rf"{key}:\s+(\d+) kB", Path("/proc/self/status").read_text()).group(1))
+
+
+def positional_part(scheme: str, px: int, device: torch.device) -> tuple[int, int]:
+    """(peak extra bytes of the positional part, bytes of one layer's fp32 mask), measured in this process."""
+    torch.manual_seed(0)
+    model = vispos.create_model(MODEL, pos=scheme, img_size=224).eval().to(device)
+    image = torch.randn(1, 3, px, px, device=device)
+    heads, tokens = model.blocks[0].attn.num_heads, model.num_prefix_tokens + (px // 16) ** 2
+    one_mask = heads * tokens * tokens * 4
+
+    def run() -> None:
+        with torch.inference_mode():
+            ctx = model.vispos_context(image)
+            for i in range(len(model.blocks)):
+                out = ctx.layer(i)  # what layer i's attention holds while it runs
+                del out
+            del ctx
+
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        run()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - before, one_mask
+    before = _kib("VmRSS")
+    Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
+    run()
+    return (_kib("VmHWM") - before) * 1024, one_mask
+
+
+def measure(scheme: str, px: int, device: torch.device) -> tuple[int, int]:
+    """On CPU in a fresh process (the high-water mark must not see other measurements); on GPU here."""
+    if device.type == "cuda":
+        return positional_part(scheme, px, device)
+    code = (
+        "import json, torch; from benchmarks.position_memory import positional_part; "
+        f"print(json.dumps(positional_part({scheme!r}, {px}, torch.device('cpu'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    peak, one_mask = json.loads(out.stdout.strip().splitlines()[-1])
+    return peak, one_mask
+
+
+def table(results: dict[str, dict[int, dict[str, float]]], sizes: list[int]) -> str:
+    head = " | ".join(f"{px} px: MiB (x one mask)" for px in sizes)
+    lines = [f"| scheme | {head} |", "| --- |" + " ---: |" * len(sizes)]
+    for scheme, row in results.items():
+        cells = [f"{row[px]['peak_mib']:.1f} ({row[px]['ratio']:.2f})" for px in sizes]
+        lines.append(f"| {scheme} | " + " | ".join(cells) + " |")
+    masks = ", ".join(f"{px} px: {results[next(iter(results))][px]['one_mask_mib']:.1f} MiB" for px in sizes)
+    return "\n".join(lines) + f"\n\nOne layer's fp32 mask [heads, N, N]: {masks}."
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[224, 448, 896])
+    parser.add_argument("--schemes", nargs="+", default=vispos.list_encodings(ndim=2))
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--json", default=None, help="also write the results here")
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    results: dict[str, dict[int, dict[str, float]]] = {}
+    for scheme in args.schemes:
+        results[scheme] = {}
+        for px in args.sizes:
+            peak, one_mask = measure(scheme, px, device)
+            results[scheme][px] = {"peak_mib": peak / 2**20, "one_mask_mib": one_mask / 2**20, "ratio": peak / one_mask}
+            print(f"{scheme:14s} {px:4d} px: {peak / 2**20:8.1f} MiB = {peak / one_mask:5.2f} x one mask", flush=True)
+    print(f"\n{MODEL}, batch 1, fp32, inference, {device.type}: peak extra memory of the positional part")
+    print(table(results, args.sizes))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"device": device.type, "model": MODEL, "results": results}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
