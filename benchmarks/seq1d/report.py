@@ -62,7 +62,7 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(parts) + "\n"
 
 
-COLORS = [*(colormaps["tab10"](i) for i in range(10)), "black", "gold"]
+COLORS = [*(colormaps["tab10"](i) for i in range(10)), "black", "gold", "magenta", "saddlebrown"]  # 14 lines
 
 
 def extension_rows(rows: dict[str, Any]) -> list[str]:
