@@ -6,7 +6,8 @@
 For ``vit_small_patch16_224`` under bf16 autocast and ``torch.inference_mode()``: images per second and
 peak memory (``torch.cuda.max_memory_allocated``) of the unpatched timm model, timm's own Eva RoPE
 model, and the model patched with every 2D scheme; the relative biases twice, through SDPA and through
-FlexAttention (``vispos.configure(model, attention="flex")``). ``torch.compile`` is on unless
+FlexAttention (``vispos.configure(model, attention="flex")``), and the SDPA kernel each reaches (an eager
+forward, read from the profiler's op names). ``torch.compile`` is on unless
 ``--no-compile``. Writes ``gpu_check.json`` and ``gpu_check.md`` to ``--out``. Sizes the model cannot
 fit in memory are reported as such, not fatal.
 """
@@ -24,6 +25,7 @@ import torch
 from torch import nn
 
 import vispos
+from vispos.diagnostics.kernels import sdpa_kernels
 
 MODEL = "vit_small_patch16_224"
 
@@ -68,10 +70,23 @@ def measure(model: nn.Module, x: torch.Tensor, reps: int, device: torch.device) 
     return {"img_per_s": reps * x.shape[0] / seconds, "peak_mib": peak}
 
 
+def kernel(model: nn.Module, x: torch.Tensor, device: torch.device) -> str:
+    """The SDPA kernel(s) an eager forward reaches (from the profiler's op names), e.g. flash for RoPE and
+    memory-efficient for a bias mask on CUDA; FlexAttention reaches none of them."""
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    with torch.inference_mode(), torch.autocast(device.type, dtype=dtype, enabled=device.type == "cuda"):
+        return ", ".join(sorted(sdpa_kernels(lambda: model(x)))) or "none (FlexAttention)"
+
+
 def run(sizes: list[int], batch: int, reps: int, compile_model: bool, device: torch.device, dry_run: bool):
+    """-> (label -> size -> measurements or "out of memory", label -> SDPA kernel at the first size)."""
     results: dict[str, dict[str, dict[str, float] | str]] = {}
+    kernels: dict[str, str] = {}
     for label, build in configurations(MODEL, dry_run).items():
         results[label] = {}
+        torch.manual_seed(0)
+        kernels[label] = kernel(build(sizes[0]).to(device).eval(), torch.randn(1, 3, sizes[0], sizes[0], device=device),
+                                device)  # fmt: skip
         for size in sizes:
             torch.manual_seed(0)
             try:
@@ -85,19 +100,19 @@ def run(sizes: list[int], batch: int, reps: int, compile_model: bool, device: to
             finally:
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
-        print(f"{label}: {results[label]}", flush=True)
-    return results
+        print(f"{label} ({kernels[label]}): {results[label]}", flush=True)
+    return results, kernels
 
 
-def markdown(results: dict, sizes: list[int]) -> str:
+def markdown(results: dict, kernels: dict[str, str], sizes: list[int]) -> str:
     head = " | ".join(f"{s} px img/s | {s} px peak MiB" for s in sizes)
-    lines = [f"| configuration | {head} |", "| --- |" + " ---: | ---: |" * len(sizes)]
+    lines = [f"| configuration | SDPA kernel | {head} |", "| --- | --- |" + " ---: | ---: |" * len(sizes)]
     for label, row in results.items():
         cells = []
         for s in sizes:
             r = row[str(s)]
             cells += [r, ""] if isinstance(r, str) else [f"{r['img_per_s']:.1f}", f"{r['peak_mib']:.0f}"]
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        lines.append(f"| {label} | {kernels[label]} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -117,14 +132,14 @@ def main(argv: list[str] | None = None) -> int:
             p.error("no CUDA device; use --dry-run to check the script on CPU")
         device, sizes, batch, reps = torch.device("cuda"), args.sizes, args.batch, args.reps
         compile_model = not args.no_compile
-    results = run(sizes, batch, reps, compile_model, device, args.dry_run)
+    results, kernels = run(sizes, batch, reps, compile_model, device, args.dry_run)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     meta = {"model": MODEL, "device": str(device), "batch": batch, "reps": reps, "compile": compile_model,
             "dtype": "bf16 autocast" if device.type == "cuda" else "fp32", "sizes": sizes}
-    (out / "gpu_check.json").write_text(json.dumps({**meta, "results": results}, indent=2))
-    (out / "gpu_check.md").write_text(f"{json.dumps(meta)}\n\n{markdown(results, sizes)}\n")
-    print(markdown(results, sizes))
+    (out / "gpu_check.json").write_text(json.dumps({**meta, "results": results, "kernels": kernels}, indent=2))
+    (out / "gpu_check.md").write_text(f"{json.dumps(meta)}\n\n{markdown(results, kernels, sizes)}\n")
+    print(markdown(results, kernels, sizes))
     return 0
 
 

@@ -18,5 +18,8 @@ def test_gpu_check_dry_run_writes_every_configuration(tmp_path: Path) -> None:
     assert set(report["results"]) == expected
     for row in report["results"].values():
         assert set(row) == {"32", "64"} and all(r["img_per_s"] > 0 for r in row.values())
+    # eager CPU inference: the fused kernel for every SDPA path, none for FlexAttention
+    assert report["kernels"]["vispos relbias2d"] == report["kernels"]["vispos rope2d"] == "flash (CPU)"
+    assert report["kernels"]["vispos alibi2d (flex)"] == "none (FlexAttention)"
     table = (tmp_path / "gpu_check.md").read_text()
     assert "| vispos relbias2d (flex) |" in table and "64 px img/s" in table
