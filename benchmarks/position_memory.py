@@ -6,7 +6,8 @@ For ``vit_small_patch16_224`` (6 heads, one class token), batch 1, fp32, inferen
 held at its peak while the model's ``PositionContext`` is built and every layer's rotation or bias mask
 is taken in turn, as the attention layers do during a forward. The yardstick is one layer's bias mask,
 [heads, N, N] in fp32 for N tokens: a bias scheme that builds its masks one layer at a time, without
-transient copies, stays near 1x.
+transient copies, stays near 1x. timm's own RoPE (Eva) and relative-position model are measured the
+same way (their sin/cos table; every block's bias in turn).
 
 CPU: each measurement runs in a fresh process, which resets the kernel's resident-set high-water mark
 (``/proc/self/clear_refs``) and reads ``VmHWM`` against ``VmRSS`` before. glibc's allocator is told to
@@ -24,8 +25,10 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
+import timm
 import torch
 
 import vispos
@@ -53,26 +56,59 @@ def positional_part(scheme: str, px: int, device: torch.device) -> tuple[int, in
                 del out
             del ctx
 
+    return _peak(run, device), one_mask
+
+
+TIMM_OWN = ("timm vit_small_patch16_rope_224", "timm vit_relpos_small_patch16_224")
+
+
+def timm_positional_part(label: str, px: int, device: torch.device) -> tuple[int, int]:
+    """The same measurement for timm's own positional modules: the Eva RoPE's sin/cos (built per call
+    with ``dynamic_img_size``), or every block's relative-position MLP bias taken in turn (``get_bias``;
+    the model built at ``px``, since its index buffers are fixed at construction)."""
+    torch.manual_seed(0)
+    name = label.removeprefix("timm ")
+    rope = "rope" in name
+    model = timm.create_model(name, **({"dynamic_img_size": True} if rope else {"img_size": px})).eval().to(device)
+    grid = (px // 16, px // 16)
+    heads, tokens = model.blocks[0].attn.num_heads, model.num_prefix_tokens + grid[0] * grid[1]
+
+    def run() -> None:
+        with torch.inference_mode():
+            if rope:
+                out = model.rope.get_embed(shape=list(grid))
+                del out
+                return
+            for blk in model.blocks:
+                out = blk.attn.rel_pos.get_bias()
+                del out
+
+    return _peak(run, device), heads * tokens * tokens * 4
+
+
+def _peak(run: Callable[[], None], device: torch.device) -> int:
+    """Extra bytes at the peak of ``run()``, over what was allocated before it."""
     if device.type == "cuda":
         torch.cuda.synchronize()
         before = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
         run()
         torch.cuda.synchronize()
-        return torch.cuda.max_memory_allocated() - before, one_mask
+        return torch.cuda.max_memory_allocated() - before
     before = _kib("VmRSS")
     Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
     run()
-    return (_kib("VmHWM") - before) * 1024, one_mask
+    return (_kib("VmHWM") - before) * 1024
 
 
 def measure(scheme: str, px: int, device: torch.device) -> tuple[int, int]:
     """On CPU in a fresh process (the high-water mark must not see other measurements); on GPU here."""
+    probe = "timm_positional_part" if scheme in TIMM_OWN else "positional_part"
     if device.type == "cuda":
-        return positional_part(scheme, px, device)
+        return globals()[probe](scheme, px, device)
     code = (
-        "import json, torch; from benchmarks.position_memory import positional_part; "
-        f"print(json.dumps(positional_part({scheme!r}, {px}, torch.device('cpu'))))"
+        f"import json, torch; from benchmarks.position_memory import {probe}; "
+        f"print(json.dumps({probe}({scheme!r}, {px}, torch.device('cpu'))))"
     )
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(64 * 1024)}
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, env=env)
@@ -93,7 +129,7 @@ def table(results: dict[str, dict[int, dict[str, float]]], sizes: list[int]) -> 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="+", default=[224, 448, 896])
-    parser.add_argument("--schemes", nargs="+", default=vispos.list_encodings(ndim=2))
+    parser.add_argument("--schemes", nargs="+", default=[*vispos.list_encodings(ndim=2), *TIMM_OWN])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--json", default=None, help="also write the results here")
     args = parser.parse_args(argv)
