@@ -117,10 +117,11 @@ def patch(
     own = own_rope(model) if inherit else None
     if own is not None:
         additive, attention = _inheriting(model, own, additive, attention)
+    kept = own if own is not None and attention is not None and attention.name == own.scheme else None
     used = [i for i in (additive, attention) if i is not None]
     per_scheme = dict(zip([i.name for i in used], split_options(used, options), strict=True))
-    if own is not None and attention is not None and attention.name == own.scheme:
-        per_scheme[own.scheme] = merge_options(own, per_scheme[own.scheme])
+    if kept is not None:
+        per_scheme[kept.scheme] = merge_options(kept, per_scheme[kept.scheme])
     grid = check_grid(tuple(model.patch_embed.grid_size))
     attn0 = model.blocks[0].attn
     depth = len(model.blocks)
@@ -138,8 +139,8 @@ def patch(
     if attention is not None:
         att_context = context | {"dim": attn0.head_dim, "num_prefix_tokens": model.num_prefix_tokens}
         att_module = _build(attention, att_context, per_scheme[attention.name], depth)
-        if own is not None and own.freqs is not None and attention.name == own.scheme:
-            adopt_freqs(att_module, own)
+        if kept is not None and kept.freqs is not None:
+            adopt_freqs(att_module, kept)
 
     model.vispos = Positions(
         additive=add_module,
@@ -150,7 +151,7 @@ def patch(
         train_grid=grid,
         schemes=[i.name for i in used] or ["nope"],
         options={k: v for scheme_options in per_scheme.values() for k, v in scheme_options.items()},
-        inherited=own.record() if own is not None and attention is not None and attention.name == own.scheme else None,
+        inherited=kept.record() if kept is not None else None,
     )
     model.pos_embed = None
     if isinstance(model, Eva):
