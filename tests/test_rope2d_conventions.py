@@ -14,7 +14,7 @@ import torch
 from timm.layers.pos_embed_sincos import RotaryEmbeddingCat, RotaryEmbeddingDinoV3, RotaryEmbeddingMixed
 
 from vispos import create_encoding
-from vispos.encodings.rope import CoordAugment
+from vispos.encodings.rope2d import CoordAugment
 
 GRIDS = [(4, 4), (3, 5), (6, 2)]
 

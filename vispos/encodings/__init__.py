@@ -44,7 +44,8 @@ from .learned import Learned1d, Learned2d
 from .mrope import MRope, mrope_positions
 from .nope import NoPE
 from .relbias import ContinuousBias2d, RelBias2d, relative_index_2d
-from .rope import Rope, Rope2d, Rope2dMixed, Rotary, apply_rope
+from .rope import Rope, Rotary, apply_rope
+from .rope2d import Rope2d, Rope2dMixed
 from .rope_scaling import SCALING_TYPES, RopeScaling, scaled_inv_freq
 from .shaw import ShawRelative
 from .sincos import SinCos1d, SinCos2d, sincos_1d, sincos_2d

@@ -1,0 +1,326 @@
+"""2D rotary position embedding: axial ``rope2d`` (RoPE-ViT, EVA-02, DINOv3, PE conventions as options)
+and ``rope2d_mixed`` (RoPE-Mixed), with DINOv3's training-time coordinate augmentation.
+
+The rotation maths (layouts, ``Rotary``) is shared with 1D RoPE in ``rope.py``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+
+import torch
+from torch import nn
+
+from .._validate import check_bool, check_choice, check_dim, check_float, check_grid, check_int
+from ..registry import register
+from .rope import LAYOUTS, Rotary, expand_angles, rope_angles
+from .rope_scaling import RopeScaling, as_scaling, check_scaling_dim, rope_inv_freq, scaled_inv_freq
+
+COORDS: tuple[str, ...] = ("pixel", "normalized")
+AXES: tuple[str, ...] = ("xy", "yx")
+NORMALIZE: tuple[str, ...] = ("separate", "min", "max")
+
+
+def grid_coords(
+    grid: tuple[int, int],
+    coords: str = "pixel",
+    device: torch.device | None = None,
+    *,
+    offset: float = 0.0,
+    normalize: str = "separate",
+    ref_grid: tuple[int, int] | None = None,
+) -> torch.Tensor:
+    """Patch coordinates [H*W, 2] as (y, x), row-major, fp32.
+
+    ``pixel``: integer indices + ``offset``; with ``ref_grid`` every grid is stretched onto the reference
+    grid (index * ref / size per axis, EVA-02's rule). ``normalized`` (DINOv3): patch centres + ``offset``,
+    divided per axis by its own size (``separate``) or by the smaller / larger side (``min`` / ``max``),
+    mapped from [0, 1] to [-1, 1].
+    """
+    h, w = grid
+    ys = torch.arange(h, device=device, dtype=torch.float32) + offset
+    xs = torch.arange(w, device=device, dtype=torch.float32) + offset
+    if coords == "pixel":
+        if ref_grid is not None:
+            ys, xs = ys / h * ref_grid[0], xs / w * ref_grid[1]
+    else:
+        den_h, den_w = {"separate": (h, w), "min": (min(h, w),) * 2, "max": (max(h, w),) * 2}[normalize]
+        ys, xs = (ys + 0.5) / den_h * 2 - 1, (xs + 0.5) / den_w * 2 - 1
+    yy, xx = torch.meshgrid(ys, xs, indexing="ij")
+    return torch.stack((yy.flatten(), xx.flatten()), dim=-1)
+
+
+@dataclass(frozen=True)
+class CoordAugment:
+    """Training-time jitter of the coordinate frame (DINOv3), one draw per call, shared by all tokens.
+
+    ``shift``: per-axis offset, uniform in [-shift, shift] (coordinate units); ``jitter``: per-axis factor,
+    log-uniform in [1/jitter, jitter]; ``rescale``: one factor for both axes, log-uniform in
+    [1/rescale, rescale]. Applied in that order; None leaves a step out. Offsets between tokens are
+    scaled, never mixed, so attention stays a function of (scaled) offsets within each sample.
+    """
+
+    shift: float | None = None
+    jitter: float | None = None
+    rescale: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.shift is not None:
+            object.__setattr__(self, "shift", check_float("shift_coords", self.shift, minimum=0.0))
+        for name, value in (("jitter", self.jitter), ("rescale", self.rescale)):
+            if value is not None:
+                object.__setattr__(self, name, check_float(f"{name}_coords", value, minimum=1.0))
+
+    @property
+    def active(self) -> bool:
+        return any(v is not None for v in (self.shift, self.jitter, self.rescale))
+
+    def __call__(self, coords: torch.Tensor) -> torch.Tensor:
+        """coords [N, 2] -> transformed coords (random draws on coords' device, in coords' dtype)."""
+
+        def uniform(n: int, bound: float) -> torch.Tensor:
+            return torch.empty(n, device=coords.device, dtype=coords.dtype).uniform_(-bound, bound)
+
+        if self.shift is not None:
+            coords = coords + uniform(2, self.shift)
+        if self.jitter is not None:
+            coords = coords * uniform(2, math.log(self.jitter)).exp()
+        if self.rescale is not None:
+            coords = coords * uniform(1, math.log(self.rescale)).exp()
+        return coords
+
+
+def period_inv_freq(dim: int, min_period: float, max_period: float) -> torch.Tensor:
+    """DINOv3's alternative parametrisation: periods spaced geometrically from min to max, [dim // 2]."""
+    periods = min_period * (max_period / min_period) ** torch.linspace(0, 1, dim // 2, dtype=torch.float32)
+    return 1.0 / periods
+
+
+@register("rope2d", ndim=2, kind="rotary", trainable=False, relative=True, context=("dim", "train_grid"),
+    scalable=True, summary="axial 2D RoPE: half the rotary pairs turn with x, half with y",
+    extrapolation="unseen angles at pixel coords; linear/ntk/yarn scaling per axis; normalized coords",
+    reference="Heo et al. 2024 (RoPE-ViT); Simeoni et al. 2025 (DINOv3)")
+class Rope2d(nn.Module):
+    """Axial 2D RoPE: half the rotary pairs turn with one axis, half with the other (RoPE-ViT's RoPE-Axial).
+
+    Conventions, so that every published variant is a setting (``vispos.patch`` sets them from a timm
+    model's own RoPE):
+
+    - ``axes``: which axis takes the first half of the pairs: ``xy`` (RoPE-ViT, PE) or ``yx`` (EVA-02,
+      DINOv3, timm's ``vit_*_rope_reg*``).
+    - ``layout``: ``half`` (DINOv3) or ``interleaved`` (RoPE-ViT, EVA-02, PE) rotary pairs.
+    - ``coords``: ``pixel`` (integer indices + ``offset``; ``ref_grid`` stretches every grid onto a
+      reference grid, EVA-02) or ``normalized`` (DINOv3: patch centres in [-1, 1] per axis, see
+      ``normalize``; angles are 2 pi x coordinate / period).
+    - frequencies: theta ** (-4j / dim) per axis (``theta``), or periods spaced geometrically from
+      ``min_period`` to ``max_period`` (DINOv3's alternative; both or neither).
+    - ``shift_coords``, ``jitter_coords``, ``rescale_coords``: DINOv3's coordinate augmentation
+      (``CoordAugment``), drawn once per forward in training mode only. DINOv3 trains with
+      ``coords="normalized", rescale_coords=2.0``.
+
+    With pixel coordinates a larger grid reaches angles never seen in training; ``scaling`` +
+    ``train_grid`` then stretch each axis by its own factor (current / training size). Normalized
+    coordinates sample the same angle range more densely instead.
+    """
+
+    def __init__(
+        self,
+        *,
+        dim: int,
+        theta: float = 100.0,
+        coords: str = "pixel",
+        layout: str = "half",
+        axes: str = "xy",
+        offset: float = 0.0,
+        normalize: str = "separate",
+        ref_grid: tuple[int, int] | None = None,
+        min_period: float | None = None,
+        max_period: float | None = None,
+        shift_coords: float | None = None,
+        jitter_coords: float | None = None,
+        rescale_coords: float | None = None,
+        scaling: RopeScaling | dict | str | None = None,
+        train_grid: tuple[int, int] | None = None,
+    ) -> None:
+        super().__init__()
+        self.dim = check_dim(dim, 4, "rope2d")
+        self.theta = check_float("theta", theta, positive=True)
+        self.coords = check_choice("coords", coords, COORDS)
+        self.layout = check_choice("layout", layout, LAYOUTS)
+        self.axes = check_choice("axes", axes, AXES)
+        self.offset = check_float("offset", offset)
+        self.normalize = check_choice("normalize", normalize, NORMALIZE)
+        self.ref_grid = None if ref_grid is None else check_grid(ref_grid, "ref_grid")
+        if self.ref_grid is not None and self.coords != "pixel":
+            raise ValueError("ref_grid applies to coords='pixel'; normalized coordinates already span [-1, 1]")
+        if (min_period is None) != (max_period is None):
+            raise ValueError("give both min_period and max_period (DINOv3's periods), or neither (theta)")
+        self.periods = None
+        if min_period is not None:
+            lo = check_float("min_period", min_period, positive=True)
+            hi = check_float("max_period", max_period, positive=True)
+            if hi < lo:
+                raise ValueError(f"max_period must be >= min_period, got {hi} < {lo}")
+            self.periods = (lo, hi)
+        self.augment = CoordAugment(shift_coords, jitter_coords, rescale_coords)
+        self.train_grid: tuple[int, int] | None = None
+        self.scaling_y: RopeScaling | None = None
+        self.scaling_x: RopeScaling | None = None
+        self.set_scaling(scaling, train_grid=train_grid)
+
+    def set_scaling(
+        self, scaling: RopeScaling | dict | str | None, *, train_grid: tuple[int, int] | None = None, **options: object
+    ) -> None:
+        """Switch per-axis scaling (e.g. for evaluation above ``train_grid``) or off (``None``).
+
+        ``scaling`` as for ``Rope.set_scaling``. Each axis gets ``original_length`` = its training size;
+        without ``factor`` the factor follows the grid: max(1, H / H0) for y and max(1, W / W0) for x.
+        """
+        train_grid = self.train_grid if train_grid is None else check_grid(train_grid, "train_grid")
+        if scaling is not None:
+            if self.coords != "pixel":
+                raise ValueError("RoPE scaling applies to coords='pixel'; normalized coordinates never leave [-1, 1]")
+            if self.ref_grid is not None:
+                raise ValueError("RoPE scaling does not combine with ref_grid, which already rescales every grid")
+            if self.periods is not None:
+                raise ValueError("RoPE scaling is defined on theta's frequencies, not on min_period / max_period")
+            if train_grid is None:
+                raise ValueError("rope2d scaling needs train_grid=(H, W), the grid it was trained on")
+        h0, w0 = train_grid if train_grid is not None else (None, None)
+        scaling = as_scaling(scaling, original_length=h0, **options)
+        check_scaling_dim(scaling, self.dim // 2)  # per axis
+        self.train_grid = train_grid
+        self.scaling_y = None if scaling is None else replace(scaling, original_length=h0)
+        self.scaling_x = None if scaling is None else replace(scaling, original_length=w0)
+
+    def get_extra_state(self) -> dict[str, object]:
+        """Training grid and scaling travel with the weights (plain data, loadable with ``weights_only=True``)."""
+        grid = None if self.train_grid is None else list(self.train_grid)
+        return {"train_grid": grid, "scaling": None if self.scaling_y is None else asdict(self.scaling_y)}
+
+    def set_extra_state(self, state: dict[str, object]) -> None:
+        grid = state["train_grid"]
+        self.set_scaling(state["scaling"], train_grid=None if grid is None else tuple(grid))
+
+    def inv_freq(self, scaling: RopeScaling | None, length: int) -> tuple[torch.Tensor, float]:
+        """One axis's inverse frequencies [dim / 4] and attention factor at ``length`` tokens on that axis."""
+        if self.periods is not None:
+            return period_inv_freq(self.dim // 2, *self.periods), 1.0
+        return scaled_inv_freq(self.dim // 2, self.theta, scaling, length)
+
+    def coordinates(self, grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
+        """Coordinates [H*W, 2] in ``axes`` order, augmented in training mode."""
+        yx = grid_coords(
+            grid, self.coords, device, offset=self.offset, normalize=self.normalize, ref_grid=self.ref_grid
+        )
+        first_second = yx if self.axes == "yx" else yx.flip(-1)
+        if self.training and self.augment.active:
+            first_second = self.augment(first_second)
+        return first_second * (2 * math.pi) if self.coords == "normalized" else first_second
+
+    def angles(self, grid: tuple[int, int], device: torch.device | None = None) -> tuple[torch.Tensor, float]:
+        """Per-pair angles [H*W, dim/2] (the first axis's pairs, then the second's) and the attention factor."""
+        h, w = check_grid(grid)
+        inv_y, att_y = self.inv_freq(self.scaling_y, h)
+        inv_x, att_x = self.inv_freq(self.scaling_x, w)
+        first, second = (inv_y, inv_x) if self.axes == "yx" else (inv_x, inv_y)
+        c = self.coordinates((h, w), device)
+        angles = torch.cat((rope_angles(c[:, 0], first), rope_angles(c[:, 1], second)), dim=-1)
+        return angles, math.sqrt(att_y * att_x)
+
+    def forward(self, grid: tuple[int, int], device: torch.device | None = None) -> Rotary:
+        angles, temperature = self.angles(grid, device)
+        angles = expand_angles(angles, self.layout)  # [HW, dim]
+        return Rotary(angles.cos() * temperature, angles.sin() * temperature, self.layout, temperature=temperature)
+
+    def extra_repr(self) -> str:
+        return describe_options(self, ROPE2D_DEFAULTS)
+
+
+@register("rope2d_mixed", ndim=2, kind="rotary", trainable=True, relative=True, context=("dim", "num_heads"),
+    per_layer=True, summary="RoPE-Mixed: learnable per-layer, per-head 2D frequencies",
+    extrapolation="best of the RoPE-ViT schemes above training size", reference="Heo et al. 2024 (RoPE-ViT)")
+class Rope2dMixed(nn.Module):
+    """RoPE-Mixed (Heo et al. 2024): learnable 2D frequency vectors per head (one module per layer).
+
+    Pair j of head h turns by x * fx[h, j] + y * fy[h, j]. Initialised like rope-vit: axial magnitudes
+    theta ** (-4j / dim) along a random direction per head; with ``rotate=False`` the start is exactly
+    axial RoPE. The angles are computed in fp32 whatever the parameters' dtype; train under autocast
+    (parameters stay fp32) rather than on a ``.half()`` model, which rounds ``freqs`` like every weight.
+    ``shift_coords`` / ``jitter_coords`` / ``rescale_coords`` as for ``rope2d`` (drawn per layer).
+    """
+
+    def __init__(
+        self,
+        *,
+        dim: int,
+        num_heads: int,
+        theta: float = 10.0,
+        layout: str = "half",
+        coords: str = "pixel",
+        offset: float = 0.0,
+        rotate: bool = True,
+        shift_coords: float | None = None,
+        jitter_coords: float | None = None,
+        rescale_coords: float | None = None,
+    ) -> None:
+        super().__init__()
+        self.dim = check_dim(dim, 4, "rope2d_mixed")
+        self.num_heads = check_int("num_heads", num_heads, minimum=1)
+        self.theta = check_float("theta", theta, positive=True)
+        self.layout = check_choice("layout", layout, LAYOUTS)
+        self.coords = check_choice("coords", coords, COORDS)
+        self.offset = check_float("offset", offset)
+        self.rotate = check_bool("rotate", rotate)
+        self.augment = CoordAugment(shift_coords, jitter_coords, rescale_coords)
+        self.freqs = nn.Parameter(self.init_freqs(self.dim, self.num_heads, self.theta, rotate=rotate))
+
+    @staticmethod
+    def init_freqs(dim: int, num_heads: int, theta: float, *, rotate: bool = True) -> torch.Tensor:
+        """[2 (x, y), heads, dim/2] frequency components."""
+        mag = rope_inv_freq(dim // 2, theta)  # [d/4]
+        phase = torch.rand(num_heads, 1) * 2 * math.pi if rotate else torch.zeros(num_heads, 1)
+        # x pairs point along phase, y pairs along phase + pi/2 (written so that phase 0 is exactly axial)
+        fx = torch.cat((mag * torch.cos(phase), -mag * torch.sin(phase)), dim=-1)
+        fy = torch.cat((mag * torch.sin(phase), mag * torch.cos(phase)), dim=-1)
+        return torch.stack((fx, fy))
+
+    def angles(self, grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
+        """Per-pair angles [heads, H*W, dim/2]."""
+        yx = grid_coords(check_grid(grid), self.coords, device or self.freqs.device, offset=self.offset)
+        xy = yx.flip(-1)
+        if self.training and self.augment.active:
+            xy = self.augment(xy)
+        if self.coords == "normalized":
+            xy = xy * (2 * math.pi)
+        freqs = self.freqs.float()
+        return xy[:, 0, None] * freqs[0][:, None] + xy[:, 1, None] * freqs[1][:, None]
+
+    def forward(self, grid: tuple[int, int], device: torch.device | None = None) -> Rotary:
+        angles = expand_angles(self.angles(grid, device), self.layout)  # [heads, HW, dim]
+        return Rotary(angles.cos(), angles.sin(), self.layout)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, num_heads={self.num_heads}, " + describe_options(self, MIXED_DEFAULTS)
+
+
+ROPE2D_DEFAULTS: dict[str, object] = {"theta": 100.0, "coords": "pixel", "layout": "half", "axes": "xy",
+    "offset": 0.0, "normalize": "separate", "ref_grid": None, "periods": None}  # fmt: skip
+MIXED_DEFAULTS: dict[str, object] = {"theta": 10.0, "coords": "pixel", "layout": "half", "offset": 0.0}
+
+
+def describe_options(module: nn.Module, defaults: dict[str, object]) -> str:
+    """``theta=100.0, layout='interleaved', ...``: theta and layout always, other conventions where they
+    differ from the default, then the coordinate augmentation and scaling when set."""
+    parts = [f"dim={module.dim}"] if isinstance(module, Rope2d) else []
+    for name, default in defaults.items():
+        value = getattr(module, name)
+        if name in ("theta", "layout") or value != default:
+            parts.append(f"{name}={value!r}")
+    if module.augment.active:
+        parts.append(f"augment={module.augment}")
+    scaling = getattr(module, "scaling_y", None)
+    if scaling is not None:
+        parts.append(f"scaling={scaling.type!r}")
+    return ", ".join(parts)
