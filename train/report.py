@@ -133,8 +133,8 @@ def plot(results: RunResult, path: Path) -> None:
     fig.legend(handles, labels, loc="center right", fontsize=8, frameon=False)
     seeds = f"mean ± std over {len(results.seeds)} seeds; " if len(results.seeds) > 1 else ""
     tuned = "; stars: fine-tuned at the target size" if any(r.finetuned for r in results.schemes.values()) else ""
-    fig.suptitle(f"{results.name}: accuracy against resolution ({seeds}dashed: evaluation-only variants{tuned})",
-                 fontsize=10)
+    fig.suptitle(f"{results.name}: accuracy against resolution\n({seeds}dashed: evaluation-only variants{tuned})",
+                 fontsize=9)
     fig.tight_layout(rect=(0, 0, 1 - 2.0 / fig.get_figwidth(), 1))
     fig.savefig(path, dpi=120)
 
