@@ -145,8 +145,7 @@ class Positions(nn.Module):
 
     def _bias_index(self, grid: tuple[int, int], device: torch.device) -> torch.Tensor | None:
         """The gather index of the bias masks, built once per forward and shared by every layer."""
-        module = self._module(0) if self.attention is not None else None
-        if self.attention_kind != "bias" or not hasattr(module, "offset_bias"):
+        if self.attention_kind != "bias" or not hasattr(self._module(0), "offset_bias"):
             return None
         return prefixed_offset_index(grid, self.num_prefix_tokens, device)
 

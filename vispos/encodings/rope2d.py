@@ -91,6 +91,15 @@ class CoordAugment:
         return coords
 
 
+def frame_coords(yx: torch.Tensor, axes: str, augment: CoordAugment, training: bool, normalized: bool) -> torch.Tensor:
+    """(y, x) coordinates [N, 2] -> in ``axes`` order, augmented in training, times 2 pi when normalized
+    (DINOv3's angle = 2 pi x coordinate / period). The one coordinate pipeline of both 2D RoPEs."""
+    coords = yx if axes == "yx" else yx.flip(-1)
+    if training and augment.active:
+        coords = augment(coords)
+    return coords * (2 * math.pi) if normalized else coords
+
+
 def period_inv_freq(dim: int, min_period: float, max_period: float) -> torch.Tensor:
     """DINOv3's alternative parametrisation: periods spaced geometrically from min to max, [dim // 2]."""
     periods = min_period * (max_period / min_period) ** torch.linspace(0, 1, dim // 2, dtype=torch.float32)
@@ -214,10 +223,7 @@ class Rope2d(nn.Module):
         yx = grid_coords(
             grid, self.coords, device, offset=self.offset, normalize=self.normalize, ref_grid=self.ref_grid
         )
-        first_second = yx if self.axes == "yx" else yx.flip(-1)
-        if self.training and self.augment.active:
-            first_second = self.augment(first_second)
-        return first_second * (2 * math.pi) if self.coords == "normalized" else first_second
+        return frame_coords(yx, self.axes, self.augment, self.training, self.coords == "normalized")
 
     def angles(self, grid: tuple[int, int], device: torch.device | None = None) -> tuple[torch.Tensor, float]:
         """Per-pair angles [H*W, dim/2] (the first axis's pairs, then the second's) and the attention factor."""
@@ -235,7 +241,7 @@ class Rope2d(nn.Module):
         return Rotary(angles.cos() * temperature, angles.sin() * temperature, self.layout, temperature=temperature)
 
     def extra_repr(self) -> str:
-        return describe_options(self, ROPE2D_DEFAULTS)
+        return f"dim={self.dim}, " + describe_options(self, ROPE2D_DEFAULTS)
 
 
 @register("rope2d_mixed", ndim=2, kind="rotary", trainable=True, relative=True, context=("dim", "num_heads"),
@@ -289,11 +295,7 @@ class Rope2dMixed(nn.Module):
     def angles(self, grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
         """Per-pair angles [heads, H*W, dim/2]."""
         yx = grid_coords(check_grid(grid), self.coords, device or self.freqs.device, offset=self.offset)
-        xy = yx.flip(-1)
-        if self.training and self.augment.active:
-            xy = self.augment(xy)
-        if self.coords == "normalized":
-            xy = xy * (2 * math.pi)
+        xy = frame_coords(yx, "xy", self.augment, self.training, self.coords == "normalized")
         freqs = self.freqs.float()
         return xy[:, 0, None] * freqs[0][:, None] + xy[:, 1, None] * freqs[1][:, None]
 
@@ -313,7 +315,7 @@ MIXED_DEFAULTS: dict[str, object] = {"theta": 10.0, "coords": "pixel", "layout":
 def describe_options(module: nn.Module, defaults: dict[str, object]) -> str:
     """``theta=100.0, layout='interleaved', ...``: theta and layout always, other conventions where they
     differ from the default, then the coordinate augmentation and scaling when set."""
-    parts = [f"dim={module.dim}"] if isinstance(module, Rope2d) else []
+    parts = []
     for name, default in defaults.items():
         value = getattr(module, name)
         if name in ("theta", "layout") or value != default:
