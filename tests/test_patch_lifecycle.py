@@ -64,13 +64,6 @@ def test_a_checkpoint_of_another_scheme_or_options_is_refused(other: str, option
         make(other, **options).load_state_dict(state)
 
 
-def test_a_checkpoint_from_another_training_grid_is_refused() -> None:
-    state = make("cpb2d").state_dict()
-    model = vispos.patch(timm.create_model("vit_small_patch16_224", img_size=96, depth=2, num_classes=5), "cpb2d")
-    with pytest.raises(ValueError, match=r"at a 4x4 training grid; this model's are cpb2d\(\) at a 6x6 training grid"):
-        model.load_state_dict(state)
-
-
 def test_a_plain_timm_checkpoint_keeps_its_learned_table_under_learned2d() -> None:
     torch.manual_seed(1)
     plain = timm.create_model("vit_small_patch16_224", img_size=IMG, depth=2, num_classes=5).eval()

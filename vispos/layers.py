@@ -7,9 +7,11 @@ import contextlib
 import torch
 from torch import nn
 
+from ._state import decode, encode
 from ._validate import check_bool, check_float, check_int, check_positions
 from .attention import as_float_mask, combine_masks, sdpa, shaw_attention
 from .encodings.alibi import causal_mask
+from .encodings.rope_scaling import fold_scaling_fields
 from .registry import build_in_context, get_info
 
 
@@ -27,7 +29,8 @@ class Attention(nn.Module):
     ``causal`` masks later keys and selects the causal form of schemes that have one (ALiBi, T5).
     xPos runs in fp32 whatever the model's dtype or autocast: its scaled keys grow as zeta ** (-N / 2
     scale_base) (2.3e4 at N = 8192) and overflow fp16 where q.k, the product that decays, does not.
-    Scheme options (``theta``, ``scaling``, ``num_buckets``, ...) pass through ``pos_options``.
+    Scheme options (``theta``, ``scaling``, ``num_buckets``, ...) pass through ``pos_options``; a scalable
+    RoPE takes its scaling as ``vispos.configure`` does: ``scaling="yarn", factor=4.0, original_length=128``.
     """
 
     def __init__(
@@ -61,15 +64,17 @@ class Attention(nn.Module):
         self.position_axes = info.position_axes  # ids per token: 1, or 3 for mrope (t, h, w)
         self.enabled = True  # DroPE switch (vispos.drope): False skips the positional scheme
         context = {"dim": self.head_dim, "num_heads": num_heads, "causal": causal}
+        if "scaling" in info.options:
+            pos_options = fold_scaling_fields(pos_options)
         self.pos = build_in_context(info, context, pos_options)
         self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
         self.proj = nn.Linear(dim, dim)
 
-    def get_extra_state(self) -> dict[str, bool]:
-        return {"enabled": self.enabled}  # a DroPE-trained layer reloads with its positions off
+    def get_extra_state(self) -> torch.Tensor:
+        return encode({"enabled": int(self.enabled)})  # a DroPE-trained layer reloads with its positions off
 
-    def set_extra_state(self, state: dict[str, bool]) -> None:
-        self.enabled = state["enabled"]
+    def set_extra_state(self, state: torch.Tensor | dict[str, bool]) -> None:
+        self.enabled = bool(decode(state)["enabled"])
 
     def forward(
         self, x: torch.Tensor, positions: torch.Tensor | None = None, attn_mask: torch.Tensor | None = None

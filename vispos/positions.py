@@ -7,18 +7,22 @@ additive masks, a logit scale). Hosts (the timm adapter) hand that context to th
 
 from __future__ import annotations
 
+import inspect
 import math
-from dataclasses import asdict, dataclass, is_dataclass
+from dataclasses import asdict, dataclass, fields, is_dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ._state import decode, encode
 from ._validate import check_grid
 from .attention import as_float_mask, combine_masks
 from .encodings.relbias import bias_mask, prefixed_offset_index
 from .encodings.rope import Rotary
+from .encodings.rope_scaling import RopeScaling
+from .registry import get_info
 
 
 @dataclass
@@ -52,6 +56,28 @@ def plain(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [plain(v) for v in value]
     return value
+
+
+def canonical_options(schemes: list[str], options: dict[str, Any]) -> dict[str, Any]:
+    """Every option of ``schemes`` with its value in use: the defaults filled in, scalings in one form.
+    Two settings that build the same positions have the same canonical options."""
+    full: dict[str, Any] = {}
+    for name in schemes:
+        params = inspect.signature(get_info(name, ndim=2).builder).parameters
+        full |= {k: p.default for k, p in params.items() if p.default is not inspect.Parameter.empty}
+    full |= options
+    scaling = full.get("scaling")
+    if scaling is not None:  # a type name, a dict or a RopeScaling: as a dict of every field
+        given = {"type": scaling} if isinstance(scaling, str) else plain(scaling)
+        full["scaling"] = {f.name: f.default for f in fields(RopeScaling)} | given
+    return plain(full)
+
+
+def same_positions(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two settings records describe the same schemes with the same options (any training grid)."""
+    return list(a["pos"]) == list(b["pos"]) and canonical_options(a["pos"], a["options"]) == canonical_options(
+        b["pos"], b["options"]
+    )
 
 
 def _describe(settings: dict[str, Any]) -> str:
@@ -96,21 +122,63 @@ class Positions(nn.Module):
             self.settings["inherited"] = inherited  # where the options came from: the model's own RoPE
         self.enabled = True
         self.log_n_tokens: int | None = None
+        # ``load_state_dict``'s strict flag (torch hands modules strict=True whatever the caller said);
+        # the host sets it for the duration of a load
+        self.strict_loading = True
 
-    def get_extra_state(self) -> dict[str, Any]:
+    def get_extra_state(self) -> torch.Tensor:
+        """The settings as a tensor record (``vispos._state``): the state dict holds tensors only."""
         settings = {**self.settings, "train_grid": list(self.train_grid)}
-        return {"settings": plain(settings), "enabled": self.enabled, "log_n_tokens": self.log_n_tokens}
+        return encode({"settings": plain(settings), "enabled": int(self.enabled), "log_n_tokens": self.log_n_tokens})
 
-    def set_extra_state(self, state: dict[str, Any]) -> None:
-        saved = {**state["settings"], "train_grid": tuple(state["settings"]["train_grid"])}
-        if any(saved[k] != self.settings[k] for k in ("pos", "options", "train_grid")):
-            raise ValueError(
-                f"the checkpoint's positions are {_describe(saved)}; this model's are {_describe(self.settings)}: "
-                "patch a fresh model the way the checkpoint's was patched, then load it"
-            )
-        self.settings = saved
-        self.enabled = state["enabled"]
-        self.log_n_tokens = state["log_n_tokens"]
+    def set_extra_state(self, state: torch.Tensor | dict[str, Any]) -> None:
+        state = decode(state)
+        self.settings = {**state["settings"], "train_grid": self.train_grid}  # the model keeps its own grid
+        self.enabled = bool(state["enabled"])
+        self.log_n_tokens = state["log_n_tokens"]  # inference settings (vispos.configure) are kept as saved
+
+    def _load_from_state_dict(
+        self, state_dict: dict[str, Any], prefix: str, local_metadata: dict, strict: bool,
+        missing_keys: list[str], unexpected_keys: list[str], error_msgs: list[str],
+    ) -> None:  # fmt: skip
+        """Before the weights load: a checkpoint of other positions is refused (``strict=False``: its
+        positional entries are skipped and reported as unexpected, the model keeps its own); one made at
+        another training grid has its tables resampled to this model's grid, which stays the training grid."""
+        record = state_dict.get(f"{prefix}_extra_state")
+        if isinstance(record, dict):  # vispos 0.1: a dict, and scheme modules without records of their own
+            for name, module in self.named_modules(prefix=prefix.rstrip(".")):
+                if module is not self and type(module).get_extra_state is not nn.Module.get_extra_state:
+                    state_dict.setdefault(f"{name}._extra_state", module.get_extra_state())
+        if record is not None:
+            saved = decode(record)["settings"]
+            if not same_positions(saved, self.settings):
+                if self.strict_loading:
+                    raise ValueError(
+                        f"the checkpoint's positions are {_describe(saved)}; this model's are "
+                        f"{_describe(self.settings)}: patch a fresh model the way the checkpoint's was patched "
+                        "and load it, or load with strict=False to keep only the weights outside the positions"
+                    )
+                skipped = [k for k in state_dict if k.startswith(prefix)]
+                for key in skipped:
+                    del state_dict[key]
+                unexpected_keys.extend(skipped)
+                missing_keys.append(f"{prefix}_extra_state")  # the model keeps its own settings
+                return
+            grid = tuple(saved["train_grid"])
+            if grid != self.train_grid:
+                for module, at in self._sized_modules(prefix):
+                    module.resample_state(state_dict, at, grid, self.train_grid)
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
+
+    def _sized_modules(self, prefix: str) -> list[tuple[nn.Module, str]]:
+        """(module, its state-dict prefix) for every scheme module whose weights have a grid size."""
+        found = []
+        for name, module in self.named_modules(prefix=prefix.rstrip(".")):
+            if hasattr(module, "resample_state"):
+                found.append((module, f"{name}."))
+        return found
 
     @property
     def attention_backend(self) -> str:

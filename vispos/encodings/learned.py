@@ -123,6 +123,19 @@ class Learned2d(nn.Module):
             self.prefix.copy_(pos_embed[0, :p])
         return True
 
+    def resample_state(
+        self, state: dict[str, torch.Tensor], prefix: str, old_grid: tuple[int, int], new_grid: tuple[int, int]
+    ) -> None:
+        """Loading a checkpoint made at ``old_grid``: its tables, resampled to this module's grid as timm
+        resamples ``pos_embed`` (bicubic, antialias); prefix rows are kept as they are."""
+        (h, w), (h2, w2) = old_grid, new_grid
+        for name, old, new in (("table", (h, w), (h2, w2)), ("row", (h, 1), (h2, 1)), ("col", (1, w), (1, w2))):
+            key = f"{prefix}{name}"
+            if key in state:
+                table = state[key] if name == "table" else state[key].reshape(*old, -1)
+                resampled = resample_table_2d(table, new)
+                state[key] = resampled if name == "table" else resampled.reshape(max(new), -1)
+
     def forward(self, grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
         """-> [H*W, dim] for the patch tokens of ``grid``, in the parameters' dtype."""
         h, w = check_grid(grid)

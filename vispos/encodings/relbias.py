@@ -11,6 +11,7 @@ import math
 import torch
 from torch import nn
 
+from .._state import decode, encode
 from .._validate import check_bool, check_float, check_grid, check_int, same_size
 from ..registry import register
 from .learned import resize_bicubic
@@ -130,6 +131,14 @@ class RelBias2d(RelativeBias2d):
         h, w = check_grid(grid)
         return resize_bias_table(self.table, self.train_grid, (h, w)).T.reshape(self.num_heads, 2 * h - 1, 2 * w - 1)
 
+    def resample_state(
+        self, state: dict[str, torch.Tensor], prefix: str, old_grid: tuple[int, int], new_grid: tuple[int, int]
+    ) -> None:
+        """Loading a checkpoint made at ``old_grid``: its table, resized to this module's grid (Swin's rule)."""
+        key = f"{prefix}table"
+        if key in state:
+            state[key] = resize_bias_table(state[key], old_grid, new_grid)
+
     def forward(self, grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
         """-> [heads, HW, HW]."""
         return bias_from_offsets(self.offset_bias(grid, device), check_grid(grid))
@@ -148,7 +157,11 @@ def log_spaced_offsets(grid: tuple[int, int], train_grid: tuple[int, int], devic
     "num_prefix_tokens"), per_layer=True, summary="SwinV2 continuous bias: MLP on log-spaced (dy, dx), 16 sigmoid",
     extrapolation="continuous: the MLP is evaluated at new offsets", reference="Liu et al. 2022 (Swin V2)")
 class ContinuousBias2d(RelativeBias2d):
-    """SwinV2 continuous position bias: an MLP on log-spaced (dy, dx), 16 * sigmoid. Extrapolates by design."""
+    """SwinV2 continuous position bias: an MLP on log-spaced (dy, dx), 16 * sigmoid. Extrapolates by design.
+
+    Offsets are normalised by ``offset_grid``: the training grid, or, once a checkpoint made at another
+    grid is loaded, that checkpoint's grid (SwinV2's ``pretrained_window_size``), so the MLP keeps the
+    inputs it learned on; it travels with the weights."""
 
     def __init__(self, *, num_heads: int, train_grid: tuple[int, int] = (14, 14), num_prefix_tokens: int = 0,
                  prefix_entries: bool = True, hidden: int = 512, max_bias: float = 16.0) -> None:  # fmt: skip
@@ -156,11 +169,18 @@ class ContinuousBias2d(RelativeBias2d):
         self.max_bias = check_float("max_bias", max_bias, positive=True)
         hidden = check_int("hidden", hidden, minimum=1)
         self.mlp = nn.Sequential(nn.Linear(2, hidden), nn.ReLU(inplace=True), nn.Linear(hidden, num_heads, bias=False))
+        self.offset_grid = self.train_grid
+
+    def get_extra_state(self) -> torch.Tensor:
+        return encode({"offset_grid": list(self.offset_grid)})
+
+    def set_extra_state(self, state: torch.Tensor) -> None:
+        self.offset_grid = check_grid(tuple(decode(state)["offset_grid"]), "offset_grid")
 
     def offset_bias(self, grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
         """-> [heads, 2H-1, 2W-1] fp32, one value per offset: the MLP evaluated at the offsets of ``grid``."""
         weight = self.mlp[0].weight
-        inputs = log_spaced_offsets(check_grid(grid), self.train_grid, weight.device).to(weight.dtype)
+        inputs = log_spaced_offsets(check_grid(grid), self.offset_grid, weight.device).to(weight.dtype)
         return self.max_bias * torch.sigmoid(self.mlp(inputs).permute(2, 0, 1).float())  # [heads, 2H-1, 2W-1]
 
     def forward(self, grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:

@@ -10,16 +10,20 @@ Layouts of the rotary pairs inside a head of ``dim`` channels:
   x: [x0 x1 x2 x3 ...]  rotate_interleaved(x): [-x1 x0 -x3 x2 ...]
 
 Angles are computed in fp32 and the rotated result is cast back to the input dtype.
+
+Beyond cos/sin pairs, a ``Rotary`` may carry a learned orthogonal ``basis`` P (STRING: the rotation is
+P R(p) P^T) or general ``blocks``: one b x b rotation per block of b channels (ComRoPE, LieRE).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 from einops import rearrange
 from torch import nn
 
+from .._state import decode, encode
 from .._validate import check_choice, check_dim, check_float, check_positions
 from ..registry import register
 from .rope_scaling import RopeScaling, as_scaling, check_scaling_dim, scaled_inv_freq
@@ -52,22 +56,55 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: st
     return (xf * cos + rot(xf) * sin).to(x.dtype)
 
 
+def change_basis(x: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
+    """x [B, heads, N, d] -> P^T x per token (row form: x @ P) with P = ``basis`` [(heads,) d, d], fp32 out."""
+    return x.float() @ basis.float()  # [B, heads, N, d] @ [(heads,) d, d]: one matrix per head
+
+
+def apply_blocks(x: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    """Rotate x [..., N, d] by block rotations [..., N, d/b, b, b] (broadcast): channel block m of x is
+    multiplied by its b x b matrix. fp32 maths, x's dtype out."""
+    b = blocks.shape[-1]
+    xb = rearrange(x.float(), "... n (m b) -> ... n m b 1", b=b)  # [..., N, d/b, b, 1]
+    return rearrange(blocks @ xb, "... n m b 1 -> ... n (m b)").to(x.dtype)
+
+
 @dataclass
 class Rotary:
     """Angles ready to apply to q and k: cos/sin [..., N, head_dim] in fp32, in ``layout``.
 
     xPos adds per-channel scales: q is multiplied by ``q_scale`` and k by ``k_scale`` (same shape).
+    ``basis`` [(heads,) d, d], orthogonal (STRING): q and k are first expressed in that basis (P^T x),
+    then turned by cos/sin; the final multiplication by P is left out, as it cancels in q . k.
+    ``blocks`` [(heads,) N, d/b, b, b] (ComRoPE, LieRE): general block rotations, used instead of cos/sin,
+    which are then None.
     """
 
-    cos: torch.Tensor
-    sin: torch.Tensor
+    cos: torch.Tensor | None
+    sin: torch.Tensor | None
     layout: str = "half"
     q_scale: torch.Tensor | None = None
     k_scale: torch.Tensor | None = None
     temperature: float = 1.0  # the scaling method's attention factor, already folded into cos and sin
+    basis: torch.Tensor | None = None
+    blocks: torch.Tensor | None = None
+
+    @property
+    def heads(self) -> int:
+        """Heads the rotation is given for; 1 when every head shares it."""
+        if self.blocks is not None:
+            return self.blocks.shape[0] if self.blocks.dim() == 5 else 1
+        heads = self.cos.shape[0] if self.cos.dim() == 3 else 1
+        return self.basis.shape[0] if self.basis is not None and self.basis.dim() == 3 else heads
 
     def rotate(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q, k: [B, heads, N, head_dim] -> rotated (and, for xPos, scaled) q, k."""
+        if self.blocks is not None:
+            return apply_blocks(q, self.blocks), apply_blocks(k, self.blocks)
+        if self.basis is not None:
+            qb, kb = change_basis(q, self.basis), change_basis(k, self.basis)
+            rq, rk = apply_rope(qb, self.cos, self.sin, self.layout), apply_rope(kb, self.cos, self.sin, self.layout)
+            return rq.to(q.dtype), rk.to(k.dtype)
         if self.q_scale is None:
             return apply_rope(q, self.cos, self.sin, self.layout), apply_rope(k, self.cos, self.sin, self.layout)
         qc, qs = self.cos * self.q_scale, self.sin * self.q_scale
@@ -85,9 +122,16 @@ class Rotary:
             shape = (*t.shape[:-2], num_prefix_tokens, t.shape[-1])
             return torch.cat((t.new_full(shape, value), t), dim=-2)
 
+        if self.blocks is not None:  # identity matrices for the prefix tokens: [..., P, d/b, b, b]
+            blocks = self.blocks
+            eye = torch.eye(blocks.shape[-1], device=blocks.device, dtype=blocks.dtype)
+            ident = eye.expand(*blocks.shape[:-4], num_prefix_tokens, *blocks.shape[-3:])
+            return replace(self, blocks=torch.cat((ident, blocks), dim=-4))
         # identity rotation, at the same temperature (scaling attention factor) as the patch tokens
         cos, sin = pad(self.cos, self.temperature), pad(self.sin, 0.0)
-        return Rotary(cos, sin, self.layout, pad(self.q_scale, 1.0), pad(self.k_scale, 1.0), self.temperature)
+        return Rotary(
+            cos, sin, self.layout, pad(self.q_scale, 1.0), pad(self.k_scale, 1.0), self.temperature, self.basis
+        )
 
 
 def rope_angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
@@ -134,12 +178,12 @@ class Rope(nn.Module):
         check_scaling_dim(scaling, self.dim)
         self._scaling = scaling
 
-    def get_extra_state(self) -> dict[str, object]:
-        """The scaling in use travels with the weights (plain data, loadable with ``weights_only=True``)."""
-        return {"scaling": None if self.scaling is None else asdict(self.scaling)}
+    def get_extra_state(self) -> torch.Tensor:
+        """The scaling in use travels with the weights (a tensor record, ``vispos._state``)."""
+        return encode({"scaling": None if self.scaling is None else asdict(self.scaling)})
 
-    def set_extra_state(self, state: dict[str, object]) -> None:
-        self.set_scaling(state["scaling"])
+    def set_extra_state(self, state: torch.Tensor | dict[str, object]) -> None:
+        self.set_scaling(decode(state)["scaling"])
 
     def inv_freq(self, length: int) -> tuple[torch.Tensor, float]:
         return scaled_inv_freq(self.dim, self.theta, self.scaling, length)

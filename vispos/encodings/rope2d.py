@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, replace
 import torch
 from torch import nn
 
+from .._state import decode, encode
 from .._validate import check_bool, check_choice, check_dim, check_float, check_grid, check_int
 from ..registry import register
 from .rope import LAYOUTS, Rotary, expand_angles, rope_angles
@@ -196,6 +197,8 @@ class Rope2d(nn.Module):
                 raise ValueError("RoPE scaling is defined on theta's frequencies, not on min_period / max_period")
             if train_grid is None:
                 raise ValueError("rope2d scaling needs train_grid=(H, W), the grid it was trained on")
+            if "original_length" in options:
+                raise ValueError("rope2d reads each axis's original length from train_grid=(H, W), not original_length")
         h0, w0 = train_grid if train_grid is not None else (None, None)
         scaling = as_scaling(scaling, original_length=h0, **options)
         check_scaling_dim(scaling, self.dim // 2)  # per axis
@@ -203,14 +206,18 @@ class Rope2d(nn.Module):
         self.scaling_y = None if scaling is None else replace(scaling, original_length=h0)
         self.scaling_x = None if scaling is None else replace(scaling, original_length=w0)
 
-    def get_extra_state(self) -> dict[str, object]:
-        """Training grid and scaling travel with the weights (plain data, loadable with ``weights_only=True``)."""
-        grid = None if self.train_grid is None else list(self.train_grid)
-        return {"train_grid": grid, "scaling": None if self.scaling_y is None else asdict(self.scaling_y)}
+    def get_extra_state(self) -> torch.Tensor:
+        """The scaling in use and the grid it is relative to travel with the weights (a tensor record)."""
+        if self.scaling_y is None:
+            return encode({"scaling": None, "train_grid": None})
+        return encode({"scaling": asdict(self.scaling_y), "train_grid": list(self.train_grid)})
 
-    def set_extra_state(self, state: dict[str, object]) -> None:
-        grid = state["train_grid"]
-        self.set_scaling(state["scaling"], train_grid=None if grid is None else tuple(grid))
+    def set_extra_state(self, state: torch.Tensor | dict[str, object]) -> None:
+        state = decode(state)
+        if state["scaling"] is None:  # nothing to restore: the module keeps its own training grid
+            self.set_scaling(None)
+            return
+        self.set_scaling(state["scaling"], train_grid=tuple(state["train_grid"]))
 
     def inv_freq(self, scaling: RopeScaling | None, length: int) -> tuple[torch.Tensor, float]:
         """One axis's inverse frequencies [dim / 4] and attention factor at ``length`` tokens on that axis."""

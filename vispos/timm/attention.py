@@ -76,14 +76,13 @@ class PatchedAttention(torch.nn.Module):
         return self.q_norm(q), self.k_norm(k), v
 
     def positioned(
-        self, x: torch.Tensor, attn_mask: object = None
+        self, x: torch.Tensor, attn_mask: PositionContext
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float, torch.Tensor | None]:
         """What this layer feeds to SDPA for tokens x [B, N, C]: q and k with positions applied, v
         (each [B, heads, N, head_dim]), the logit scale and the additive mask. ``forward`` and the
         diagnostics (``vispos.diagnostics.layer_logits``) both call it, so they cannot disagree."""
+        require_context(attn_mask)
         q, k, v = self.project_normed(x)
-        if not isinstance(attn_mask, PositionContext):
-            return q, k, v, self.scale, attn_mask
         rotary, mask = attn_mask.layer(self.layer_idx)
         if rotary is not None:
             q, k = rotary.rotate(q, k)
@@ -110,6 +109,18 @@ class PatchedAttention(torch.nn.Module):
         return positioned_attention(self, x, attn_mask, is_causal)
 
 
+def require_context(attn_mask: object) -> None:
+    """A patched attention takes its positions from the context the model builds once per forward; called
+    without it (``model.blocks(tokens)``, a loop of one's own) it would run with no positions at all."""
+    if not isinstance(attn_mask, PositionContext):
+        got = "no attn_mask" if attn_mask is None else f"attn_mask of type {type(attn_mask).__name__}"
+        raise ValueError(
+            f"a vispos-patched attention needs the positional context of the forward pass, got {got}: call the "
+            "model (forward, forward_features, forward_intermediates), or build the context with ctx = "
+            "model.vispos_context(images, attn_mask=your_mask) and call each block as block(tokens, attn_mask=ctx)"
+        )
+
+
 def flex_supported(x: torch.Tensor) -> bool:
     """Where FlexAttention runs in torch 2.14: GPUs; on CPU only eager inference (no backward on CPU, and
     inductor cannot lower it inside a compiled ViT there). Elsewhere the layer uses SDPA with the mask."""
@@ -118,12 +129,15 @@ def flex_supported(x: torch.Tensor) -> bool:
     return not torch.is_grad_enabled() and not torch.compiler.is_compiling()
 
 
-def positioned_attention(attn: PatchedAttention, x: torch.Tensor, attn_mask: object, is_causal: bool) -> torch.Tensor:
+def positioned_attention(
+    attn: PatchedAttention, x: torch.Tensor, attn_mask: PositionContext, is_causal: bool
+) -> torch.Tensor:
     """The patched attention's forward; a torch.fx leaf (the context is a Python object, not a tensor)."""
+    require_context(attn_mask)
     b, n, _ = x.shape
     gate = attn.gate(x).sigmoid() if attn.gate is not None else None
     dropout_p = attn.attn_drop.p if attn.training else 0.0
-    flex = attn_mask.flex(attn.layer_idx) if isinstance(attn_mask, PositionContext) and not is_causal else None
+    flex = None if is_causal else attn_mask.flex(attn.layer_idx)
     if flex is not None and dropout_p == 0.0 and flex_supported(x):  # FlexAttention has no dropout
         out = attn.flex_attend(x, attn_mask, flex)
     else:

@@ -15,6 +15,7 @@ symbolic trace cannot, and run as one graph node each.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -85,6 +86,16 @@ class PatchedViT:
         matcher["blocks"] = [(per_layer, None), *blocks] if isinstance(blocks, list) else rf"{blocks}|{per_layer}"
         return matcher
 
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False) -> Any:
+        """``nn.Module.load_state_dict``; with ``strict=False`` a checkpoint of other positions (or a plain
+        timm checkpoint whose ``pos_embed`` the scheme cannot hold) gives every weight outside the positions
+        and reports the positional entries it skipped, instead of being refused."""
+        self.vispos.strict_loading = strict
+        try:
+            return super().load_state_dict(state_dict, strict=strict, assign=assign)
+        finally:
+            self.vispos.strict_loading = True
+
     def vispos_grid(self, image: torch.Tensor) -> tuple[int, int]:
         """The token grid the patch embedding makes of an image batch [B, C, H, W]."""
         return token_grid(self.patch_embed, image)
@@ -120,23 +131,28 @@ class PatchedViT:
 
 def adopt_timm_checkpoint(model: PatchedViT, state_dict: dict[str, Any], prefix: str, *_: Any) -> None:
     """``load_state_dict`` pre-hook: a plain timm checkpoint (no vispos entries) keeps its learned
-    ``pos_embed`` when the scheme can hold it (learned2d adopts it); otherwise loading is refused
-    rather than dropping it silently. The model's own vispos settings stay."""
+    ``pos_embed`` when the scheme can hold it (learned2d adopts it); otherwise strict loading is refused
+    rather than dropping it silently, and ``strict=False`` reports it as unexpected (moving a backbone to
+    another scheme). The model's own vispos settings stay."""
     if any(k.startswith(f"{prefix}vispos.") for k in state_dict):
-        return  # a vispos checkpoint: its settings are checked by Positions.set_extra_state
+        return  # a vispos checkpoint: its settings are checked by Positions._load_from_state_dict
     state_dict[f"{prefix}vispos._extra_state"] = model.vispos.get_extra_state()
     _adopt_rope_freqs(model, state_dict, prefix)
-    table = state_dict.pop(f"{prefix}pos_embed", None)
+    table = state_dict.get(f"{prefix}pos_embed")
     if table is None:
         return
     additive = model.vispos.additive
     adopt = getattr(additive, "adopt_pos_embed", None)
     if adopt is None or not adopt(table):
+        if not model.vispos.strict_loading:
+            return  # reported by load_state_dict as an unexpected key
         raise ValueError(
             f"this checkpoint holds timm's own pos_embed {tuple(table.shape)}, which this model "
             f"({_scheme_names(model)}) has no place for: load the checkpoint before patching "
-            "(model.load_state_dict(...), then vispos.patch(model, ...)), or patch with learned2d to keep it"
+            "(model.load_state_dict(...), then vispos.patch(model, ...)), patch with learned2d to keep it, "
+            "or load with strict=False to take every other weight and start the positions fresh"
         )
+    del state_dict[f"{prefix}pos_embed"]
     for key, value in additive.state_dict().items():  # the adopted table, under the patched model's keys
         state_dict[f"{prefix}vispos.additive.{key}"] = value
 

@@ -12,15 +12,18 @@ What changes on the one model it is given (never on timm's classes):
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import timm
+from safetensors import safe_open
 from timm.layers import Format
+from timm.models import load_checkpoint, load_pretrained, load_state_dict
 from timm.models.eva import Eva
 from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
-from .._validate import check_grid
+from .._validate import check_bool, check_grid
 from ..positions import Positions
 from ..registry import SchemeInfo, build_in_context, get_info, list_encodings, split_options
 from .attention import SUPPORTED_ATTENTION, PatchedAttention
@@ -112,6 +115,7 @@ def patch(
     ``PretrainedPositionsWarning`` naming what the weights assume; another scheme discards the model's
     RoPE with that warning too. ``inherit=False`` starts from fresh positions silently.
     """
+    check_bool("inherit", inherit)
     _check_model(model)
     additive, attention = _resolve_schemes(pos)
     own = own_rope(model) if inherit else None
@@ -200,5 +204,44 @@ def create_model(
     **timm_kwargs: Any,
 ) -> nn.Module:
     """``timm.create_model(model_name, **timm_kwargs)`` followed by ``patch(model, pos, inherit=inherit,
-    **pos_options)``."""
-    return patch(timm.create_model(model_name, **timm_kwargs), pos, inherit=inherit, **(pos_options or {}))
+    **pos_options)``.
+
+    Weights that timm is asked to load (``pretrained=True`` with ``pretrained_cfg_overlay=dict(file=...)``,
+    or ``checkpoint_path=``) may be a patched model's (``.safetensors`` or a torch file): they are then
+    loaded after patching, through timm's own loaders (so a classifier of another size is dropped as timm
+    does). A checkpoint made at another image size loads too: tables are resampled to this model's grid.
+    """
+    check_bool("inherit", inherit)
+    file, how = _vispos_weights(timm_kwargs)
+    if file is None:
+        return patch(timm.create_model(model_name, **timm_kwargs), pos, inherit=inherit, **(pos_options or {}))
+    kwargs = {k: v for k, v in timm_kwargs.items() if k not in ("pretrained", "checkpoint_path")}
+    model = patch(timm.create_model(model_name, **kwargs), pos, inherit=inherit, **(pos_options or {}))
+    if how == "pretrained":
+        load_pretrained(model, model.pretrained_cfg, num_classes=model.num_classes, in_chans=_in_chans(model))
+    else:
+        load_checkpoint(model, file)
+    return model
+
+
+def _vispos_weights(timm_kwargs: dict[str, Any]) -> tuple[str | None, str]:
+    """The file timm would load into the model, when it holds a patched model's weights (``vispos.`` keys)."""
+    overlay = timm_kwargs.get("pretrained_cfg_overlay") or {}
+    candidates = [(timm_kwargs.get("checkpoint_path"), "checkpoint")]
+    if timm_kwargs.get("pretrained"):
+        candidates.append((overlay.get("file"), "pretrained"))
+    for file, how in candidates:
+        if file and Path(file).is_file() and _holds_vispos(Path(file)):
+            return str(file), how
+    return None, ""
+
+
+def _holds_vispos(file: Path) -> bool:
+    if file.suffix == ".safetensors":
+        with safe_open(file, framework="pt") as f:
+            return any(k.startswith("vispos.") for k in f.keys())  # noqa: SIM118 (safe_open has no __iter__)
+    return any(k.startswith("vispos.") for k in load_state_dict(str(file)))
+
+
+def _in_chans(model: nn.Module) -> int:
+    return model.patch_embed.proj.in_channels if hasattr(model.patch_embed, "proj") else 3
