@@ -58,8 +58,14 @@ def test_catalogue_has_the_design_names() -> None:
         "cpb2d",
         "alibi2d",
         "nope",
+        "rope2d_golden",
+        "string2d",
+        "comrope2d",
+        "liere2d",
     }
-    assert set(SCHEMES_1D) == {"sincos1d", "learned1d", "shaw", "t5", "alibi", "rope", "xpos", "mrope", "nope"}
+    assert set(SCHEMES_1D) == {
+        "sincos1d", "learned1d", "shaw", "t5", "alibi", "rope", "xpos", "mrope", "nope", "ropend",
+    }  # fmt: skip
     assert vispos.list_encodings() == sorted(set(SCHEMES_1D) | set(SCHEMES_2D))
 
 
@@ -87,8 +93,13 @@ def test_2d_output_shape_dtype_finite(name: str) -> None:
         assert out.shape == (HEADS, n, n) and out.dtype == torch.float32 and out.isfinite().all()
     else:
         assert isinstance(out, Rotary)
-        assert out.cos.shape[-2:] == (n, DIM) and out.cos.shape == out.sin.shape
-        assert out.cos.dtype == torch.float32 and out.cos.isfinite().all() and out.sin.isfinite().all()
+        if out.blocks is not None:  # general block rotations (ComRoPE, LieRE): [(heads,) N, d/b, b, b]
+            b = out.blocks.shape[-1]
+            assert out.blocks.shape[-4:] == (n, DIM // b, b, b) and out.cos is None and out.sin is None
+            assert out.blocks.dtype == torch.float32 and out.blocks.isfinite().all()
+        else:
+            assert out.cos.shape[-2:] == (n, DIM) and out.cos.shape == out.sin.shape
+            assert out.cos.dtype == torch.float32 and out.cos.isfinite().all() and out.sin.isfinite().all()
         q, k = qk(n)
         rq, rk = out.rotate(q, k)
         assert rq.shape == q.shape and rk.shape == k.shape and rq.isfinite().all()
@@ -123,8 +134,12 @@ def test_2d_bf16_module_agrees_with_fp32(name: str) -> None:
     half = copy.deepcopy(module).to(torch.bfloat16)
     ref, out = module(GRID), half(GRID)
     n = GRID[0] * GRID[1]
-    if info.kind == "rotary":
-        assert out.cos.dtype == torch.float32 and out.sin.dtype == torch.float32  # angles stay fp32
+    if info.kind == "rotary":  # against fp32 maths on the cast's own rounded parameters (LieRE's are O(2 pi))
+        rounded = copy.deepcopy(module)
+        rounded.load_state_dict(half.state_dict())
+        ref = rounded(GRID)
+        angles = (out.blocks,) if out.blocks is not None else (out.cos, out.sin)
+        assert all(t.dtype == torch.float32 for t in angles)  # angles stay fp32
         q, k = qk(n, torch.bfloat16)
         rq, rk = out.rotate(q, k)
         assert rq.dtype == torch.bfloat16 and rk.dtype == torch.bfloat16  # back in the input dtype

@@ -95,7 +95,7 @@ def scheme_logits(
     if k is not None:
         k = _heads(k, "k")
     if info.kind == "rotary":
-        heads = max(q.shape[0], k.shape[0], out.cos.shape[0] if out.cos.dim() == 3 else 1)
+        heads = max(q.shape[0], k.shape[0], out.heads)
         qs = q[None, :, None, :].expand(1, heads, n, -1)  # [1, heads, N, head_dim]
         ks = k[None, :, None, :].expand(1, heads, n, -1)
         qr, kr = out.rotate(qs, ks)

@@ -40,13 +40,17 @@ import importlib
 import pkgutil
 
 from .alibi import Alibi, Alibi2d, alibi_slopes
+from .comrope import ComRope2d
 from .learned import Learned1d, Learned2d
+from .liere import Liere2d, generator_rotations
 from .mrope import MRope, mrope_positions
 from .nope import NoPE
 from .relbias import ContinuousBias2d, RelBias2d, relative_index_2d
 from .rope import Rope, Rotary, apply_rope
 from .rope2d import Rope2d, Rope2dMixed
 from .rope_scaling import SCALING_TYPES, RopeScaling, scaled_inv_freq
+from .ropend import RopeNd
+from .rotary_nd import Rope2dGolden, String2d, fold_string
 from .shaw import ShawRelative
 from .sincos import SinCos1d, SinCos2d, sincos_1d, sincos_2d
 from .t5 import T5Bias, t5_bucket
@@ -60,4 +64,5 @@ __all__ = [
     "Rope2d", "Rope2dMixed", "RopeScaling", "Rotary", "SCALING_TYPES", "ShawRelative", "SinCos1d", "SinCos2d",
     "T5Bias", "XPos", "alibi_slopes", "apply_rope", "mrope_positions", "relative_index_2d", "scaled_inv_freq",
     "sincos_1d", "sincos_2d", "t5_bucket",
+    "ComRope2d", "Liere2d", "Rope2dGolden", "RopeNd", "String2d", "fold_string", "generator_rotations",
 ]  # fmt: skip
