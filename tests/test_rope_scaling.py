@@ -5,7 +5,7 @@ transformers-style configs (``RopeScaling.from_config``) give the scalings shipp
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import pytest
 import torch
@@ -260,7 +260,7 @@ def test_from_config_follows_transformers_defaults() -> None:
 @pytest.mark.parametrize(
     ("config", "error", "match"),
     [
-        ({"rope_type": "su"}, ValueError, r"unknown rope_type 'su'; accepted: default, mrope, linear, dynamic, yarn"),
+        ({"rope_type": "cubic"}, ValueError, r"unknown rope_type 'cubic'; accepted: default, mrope, linear, dynamic"),
         ({"rope_type": "yarn", "factor": 4.0, "scale": 2}, TypeError, r"unknown RoPE config key\(s\) scale .*factor"),
         ({"rope_type": "dynamic", "factor": 2.0}, ValueError, r"grows from max_position_embeddings"),
         ({"rope_type": "longrope", "long_factor": LONG}, ValueError, r"without factor needs max_position_embeddings"),
@@ -282,6 +282,149 @@ def test_from_config_bad_input_names_what_is_accepted(config: dict, error: type,
         RopeScaling.from_config(config)
 
 
+MISTRAL = {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "hidden_size": 4096, "head_dim": 128,
+           "num_attention_heads": 32, "max_position_embeddings": 32768, "rope_theta": 1000000.0,
+           "sliding_window": None}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        MISTRAL,  # no rope_scaling key at all
+        {**MISTRAL, "rope_scaling": None},
+        {**MISTRAL, "rope_scaling": {}},
+        {**MISTRAL, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}},  # transformers 5 writes this
+        {"model_type": "llava", "vision_config": {"image_size": 336}, "text_config": MISTRAL},
+        {"model_type": "llava", "text_config": {"model_type": "llama", "max_position_embeddings": 4096}},
+    ],
+)
+def test_from_config_of_a_model_without_scaling_is_none(config: dict) -> None:
+    assert RopeScaling.from_config(config) is None
+
+
+# a VLM keeps its language model's settings under text_config (Llava, Qwen2-VL / Qwen2.5-VL as transformers saves them)
+LLAVA_LLAMA31 = {
+    "model_type": "llava",
+    "architectures": ["LlavaForConditionalGeneration"],
+    "vision_config": {"model_type": "clip_vision_model", "image_size": 336, "patch_size": 14},
+    "text_config": {"model_type": "llama", "max_position_embeddings": 131072, "rope_scaling": LLAMA31},
+}
+QWEN25_VL_YARN = {
+    "model_type": "qwen2_5_vl",
+    "vision_config": {"depth": 32},
+    "text_config": {
+        "model_type": "qwen2_5_vl_text",
+        "max_position_embeddings": 128000,
+        "rope_scaling": {
+            "type": "yarn",
+            "mrope_section": [16, 24, 24],
+            "factor": 4.0,
+            "original_max_position_embeddings": 32768,
+        },
+    },
+}
+QWEN2_VL = {
+    "model_type": "qwen2_vl",
+    "vision_config": {"depth": 32},
+    "text_config": {"max_position_embeddings": 32768, "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}},
+}
+NESTED_YARN_NO_FACTOR = {
+    "model_type": "some_vlm",
+    "text_config": {
+        "max_position_embeddings": 131072,
+        "rope_parameters": {"rope_type": "yarn", "original_max_position_embeddings": 32768},
+    },
+}
+
+
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        (LLAVA_LLAMA31, RopeScaling("llama3", factor=8.0, original_length=8192)),
+        (QWEN25_VL_YARN, RopeScaling("yarn", factor=4.0, original_length=32768)),
+        (QWEN2_VL, None),
+        (NESTED_YARN_NO_FACTOR, RopeScaling("yarn", factor=4.0, original_length=32768)),  # the text model's max length
+        ({**LLAVA_LLAMA31, "rope_scaling": {"rope_type": "linear", "factor": 2.0}}, RopeScaling("linear", factor=2.0)),
+    ],
+)
+def test_from_config_follows_text_config(config: dict, expected: RopeScaling | None) -> None:
+    """Top-level settings win; without them the nested ``text_config`` is read (with its own max length)."""
+    assert RopeScaling.from_config(config) == expected
+
+
+# Phi-3.5-MoE: LongRoPE whose attention factor is given, one for lengths beyond the original, one within;
+# the shipped values are equal (1.2431...), distinct ones here show which is used where
+PHI35_MOE = {"model_type": "phimoe", "max_position_embeddings": 131072, "rope_theta": 10000.0,
+             "rope_scaling": {"type": "longrope", "long_factor": LONG, "short_factor": SHORT, "long_mscale": 1.3,
+                              "short_mscale": 1.1, "original_max_position_embeddings": 4096}}  # fmt: skip
+
+
+def test_from_config_reads_phi35_moe_longrope_mscale_pair() -> None:
+    sc = RopeScaling.from_config(PHI35_MOE)
+    assert sc == RopeScaling("longrope", factor=32.0, original_length=4096, long_factors=tuple(LONG),
+                             short_factors=tuple(SHORT), long_mscale=1.3, short_mscale=1.1)  # fmt: skip
+    # PhiMoE: mscale = long_mscale if seq_len > original_max_position_embeddings else short_mscale, multiplying
+    # cos and sin in place of LongRoPE's sqrt(1 + ln s / ln L0); the factor sets follow the same rule
+    for length, factors, mscale in ((4096, SHORT, 1.1), (1000, SHORT, 1.1), (4097, LONG, 1.3), (131072, LONG, 1.3)):
+        expected = [f / x for f, x in zip(plain(D, BASE), factors, strict=True)]
+        assert_freqs(scaled_inv_freq(D, BASE, sc, length), (expected, mscale))
+
+
+def test_from_config_reads_the_old_su_type_as_longrope() -> None:
+    su = {**PHI3, "rope_scaling": {**PHI3["rope_scaling"], "type": "su"}}
+    assert RopeScaling.from_config(su) == RopeScaling.from_config(PHI3)
+    assert RopeScaling.from_config({"rope_type": "su", "long_factor": LONG, "factor": 2.0,
+                                    "original_max_position_embeddings": 64}).type == "longrope"  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [  # keys transformers knows but does not read for this type: dropped, as transformers drops them
+        ({"rope_type": "linear", "factor": 4.0, "original_max_position_embeddings": 2048, "attention_factor": 1.5},
+         RopeScaling("linear", factor=4.0)),
+        ({**LLAMA31, "beta_fast": 32, "attention_factor": 1.2},
+         RopeScaling("llama3", factor=8.0, original_length=8192)),
+        ({"max_position_embeddings": 2048, "rope_scaling": {"type": "dynamic", "factor": 2.0, "beta_slow": 1,
+          "original_max_position_embeddings": 1024}}, RopeScaling("dynamic_ntk", factor=2.0, original_length=2048)),
+        ({**DEEPSEEK_V2, "low_freq_factor": 1.0, "long_mscale": 1.0},
+         RopeScaling("yarn", factor=40, original_length=4096, mscale=0.707, mscale_all_dim=0.707)),
+    ],
+)  # fmt: skip
+def test_from_config_drops_keys_transformers_does_not_read_for_the_type(config: dict, expected: RopeScaling) -> None:
+    assert RopeScaling.from_config(config) == expected
+
+
+def test_from_config_per_layer_type_parameters_name_the_layer_types() -> None:
+    gemma3 = {"max_position_embeddings": 131072, "layer_types": ["sliding_attention", "full_attention"],
+              "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                                  "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}}  # fmt: skip
+    with pytest.raises(ValueError, match=r"per layer type \(full_attention, sliding_attention\).*\['full_attention'\]"):
+        RopeScaling.from_config(gemma3)
+    full = {**gemma3, "rope_parameters": gemma3["rope_parameters"]["full_attention"]}
+    assert RopeScaling.from_config(full) == RopeScaling("linear", factor=8.0)
+
+
+def test_phimoe_values_equal_transformers_when_installed() -> None:
+    """PhiMoE's rotary embedding itself (cos at position 0 is its mscale) against ours, within and beyond 4096."""
+    pytest.importorskip("transformers")
+    from transformers import PhimoeConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    from transformers.models.phimoe.modeling_phimoe import PhimoeRotaryEmbedding
+
+    d = D
+    hf = PhimoeConfig(hidden_size=4 * d, num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=131072,
+                      rope_theta=10000.0,
+                      rope_scaling=dict(PHI35_MOE["rope_scaling"]))  # fmt: skip
+    ours = RopeScaling.from_config(PHI35_MOE)
+    rotary = PhimoeRotaryEmbedding(hf)
+    for n in (1000, 4096, 5000):
+        inv, att = scaled_inv_freq(d, 10000.0, ours, n)
+        inv_hf, _ = ROPE_INIT_FUNCTIONS["longrope"](hf, "cpu", seq_len=n)  # long factors beyond 4096, short within
+        cos, _ = rotary(torch.zeros(1, 1, d), torch.tensor([[0, n - 1]]))  # [1, 2, d]
+        torch.testing.assert_close(inv.double(), inv_hf.double(), rtol=1e-6, atol=0)
+        assert att == pytest.approx(cos[0, 0, 0].item(), rel=1e-6)
+
+
 def test_from_config_values_equal_transformers_when_installed() -> None:
     """The optional cross-check: transformers' own rope init functions on the same configs (skipped without it)."""
     pytest.importorskip("transformers")
@@ -296,6 +439,21 @@ def test_from_config_values_equal_transformers_when_installed() -> None:
         (LlamaConfig, {**GPT_OSS, "rope_theta": 150000.0}, 131072, None, {}),
         (LlamaConfig, {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}, 2048, 6000, {}),
         (LlamaConfig, {"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0}, 2048, None, {}),
+        # keys transformers knows but does not read for the type: it drops them, and so does from_config
+        (
+            LlamaConfig,
+            {
+                "rope_type": "linear",
+                "factor": 4.0,
+                "rope_theta": 10000.0,
+                "attention_factor": 1.5,
+                "original_max_position_embeddings": 512,
+            },
+            2048,
+            None,
+            {},
+        ),
+        (LlamaConfig, {**LLAMA31, "beta_fast": 8.0, "attention_factor": 1.5}, 131072, None, {}),
     ]
     long, short = [1.0 + 0.25 * i for i in range(d // 2)], [1.0 + 0.01 * i for i in range(d // 2)]
     phi3 = {"rope_type": "longrope", "long_factor": long, "short_factor": short, "rope_theta": 10000.0}
@@ -360,7 +518,11 @@ def test_rope2d_yarn_attention_factor_is_geometric_mean_of_axes() -> None:
             ValueError,
             r"short_factors must have one entry per rotary frequency \(dim / 2 = 4\), got 5",
         ),
-        ({"type": "linear", "factor": 2.0, "long_factors": [1.0] * 4}, ValueError, r"options of 'longrope' scaling"),
+        (
+            {"type": "linear", "factor": 2.0, "long_factors": [1.0] * 4},
+            ValueError,
+            r"long_factors: not used by 'linear' scaling \(options of 'longrope'\)",
+        ),
         (
             {"type": "linear", "factr": 2.0},
             TypeError,
@@ -378,12 +540,13 @@ def test_rope2d_yarn_attention_factor_is_geometric_mean_of_axes() -> None:
         (
             {"type": "yarn", "original_length": 8, "low_freq_factor": 2.0},
             ValueError,
-            r"low_freq_factor: options of 'llama3' scaling only, not of 'yarn'",
+            r"low_freq_factor: not used by 'yarn' scaling \(options of 'llama3'\); 'yarn' takes factor, "
+            r"original_length, attention_factor, beta_fast, beta_slow, mscale, mscale_all_dim, truncate",
         ),
         (
             {"type": "ntk", "factor": 2.0, "truncate": False},
             ValueError,
-            r"truncate: options of 'yarn' scaling only",
+            r"truncate: not used by 'ntk' scaling \(options of 'yarn'\)",
         ),
     ],
 )
@@ -417,3 +580,90 @@ def test_rope_scaling_switched_after_training_is_validated() -> None:
     assert rope(torch.arange(16)).temperature == pytest.approx(0.1 * math.log(2.0) + 1.0)
     with pytest.raises(AttributeError):  # one way to switch it: set_scaling (or vispos.configure)
         rope.scaling = None
+
+
+# --- every field a type does not use is refused (an ignored option would be a silent wrong result) ----------
+# What each type's formula reads (module docstring, ANCHORS.md); type, factor, original_length (the training
+# length: the factor follows it when not given) and attention_factor (an override of the temperature) are
+# read by every type.
+COMMON_FIELDS = {"factor", "original_length", "attention_factor"}
+USED_FIELDS = {
+    "linear": COMMON_FIELDS,
+    "ntk": COMMON_FIELDS,
+    "dynamic_ntk": COMMON_FIELDS,
+    "yarn": COMMON_FIELDS | {"beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate"},
+    "longrope": COMMON_FIELDS | {"long_factors", "short_factors", "long_mscale", "short_mscale"},
+    "llama3": COMMON_FIELDS | {"low_freq_factor", "high_freq_factor"},
+}
+VALID_VALUES = {"factor": 2.0, "original_length": 64, "attention_factor": 1.5, "beta_fast": 16.0, "beta_slow": 2.0,
+                "mscale": 0.8, "mscale_all_dim": 0.9, "truncate": False, "long_factors": (1.5,) * 4,
+                "short_factors": (1.1,) * 4, "long_mscale": 1.3, "short_mscale": 1.1, "low_freq_factor": 2.0,
+                "high_freq_factor": 8.0}  # fmt: skip
+PARTNERS = {"mscale": "mscale_all_dim", "mscale_all_dim": "mscale", "long_mscale": "short_mscale",
+            "short_mscale": "long_mscale"}  # fmt: skip
+
+
+def base_options(kind: str) -> dict[str, object]:
+    extra = {"long_factors": (1.5,) * 4} if kind == "longrope" else {}
+    return {"type": kind, "factor": 2.0, "original_length": 64, **extra}
+
+
+def test_used_fields_table_covers_every_type_and_field() -> None:
+    assert set(USED_FIELDS) == set(vispos.SCALING_TYPES)
+    names = {f.name for f in fields(RopeScaling)} - {"type"}
+    assert set(VALID_VALUES) == names and set().union(*USED_FIELDS.values()) == names
+
+
+@pytest.mark.parametrize("kind", sorted(USED_FIELDS))
+@pytest.mark.parametrize("name", sorted(VALID_VALUES))
+def test_a_field_the_type_does_not_use_is_refused(kind: str, name: str) -> None:
+    options = {**base_options(kind), name: VALID_VALUES[name]}
+    if name in PARTNERS:
+        options[PARTNERS[name]] = VALID_VALUES[PARTNERS[name]]
+    if name in USED_FIELDS[kind]:
+        sc = vispos.create_encoding("rope", dim=8, scaling=options).scaling
+        assert getattr(sc, name) == VALID_VALUES[name]
+        inv, attention = scaled_inv_freq(8, BASE, sc, 256)
+        assert torch.isfinite(inv).all() and math.isfinite(attention)
+        return
+    accepted = ", ".join(f for f in ("factor", "original_length", "attention_factor"))
+    with pytest.raises(
+        ValueError,
+        match=rf"^(\w+, )?{name}(, \w+)?: not used by {kind!r} scaling \(options of '\w+'\); {kind!r} takes {accepted}",
+    ):
+        vispos.create_encoding("rope", dim=8, scaling=options)
+
+
+def test_ignored_scaling_keywords_are_refused_by_configure_and_set_scaling() -> None:
+    """The user's forms: keywords to vispos.configure (1D and 2D RoPE), a dict, set_scaling."""
+    stack = torch.nn.Sequential(vispos.layers.Attention(16, 2, pos="rope"))
+    with pytest.raises(
+        ValueError, match=r"beta_fast: not used by 'linear' scaling \(options of 'yarn'\); 'linear' takes factor"
+    ):
+        vispos.configure(stack, scaling="linear", factor=2.0, beta_fast=8)
+    with pytest.raises(ValueError, match=r"mscale, mscale_all_dim: not used by 'ntk' scaling.*\(options of 'yarn'\)"):
+        vispos.configure(stack, scaling={"type": "ntk", "factor": 2.0, "mscale": 1.0, "mscale_all_dim": 1.0})
+    rope2d = vispos.create_encoding("rope2d", dim=16, train_grid=(4, 4))
+    with pytest.raises(ValueError, match=r"beta_slow: not used by 'llama3' scaling"):
+        rope2d.set_scaling("llama3", beta_slow=2.0)
+    assert stack[0].pos.scaling is None and rope2d.scaling_y is None  # nothing was half-applied
+    vispos.configure(stack, scaling="yarn", factor=2.0, original_length=8, beta_fast=8)  # yarn's own: accepted
+    assert stack[0].pos.scaling.beta_fast == 8
+
+
+def test_a_field_given_twice_with_two_values_is_refused() -> None:
+    """Neither value may be dropped silently: in the dict and as a keyword, or against the training length."""
+    rope = vispos.create_encoding("rope", dim=8)
+    with pytest.raises(ValueError, match=r"given twice with two values \(factor: 2.0 in scaling=, 4.0 beside it"):
+        rope.set_scaling({"type": "yarn", "factor": 2.0, "original_length": 8}, factor=4.0)
+    with pytest.raises(ValueError, match=r"original_length: 8 in scaling=, 16 beside it"):
+        rope.set_scaling({"type": "yarn", "original_length": 8}, original_length=16)
+    rope.set_scaling({"type": "yarn", "factor": 2.0, "original_length": 8}, factor=2.0)  # the same value twice: fine
+    assert rope.scaling == RopeScaling("yarn", factor=2.0, original_length=8)
+    rope2d = vispos.create_encoding("rope2d", dim=16, train_grid=(4, 6))
+    with pytest.raises(ValueError, match=r"rope2d reads each axis's original length from train_grid"):
+        rope2d.set_scaling("yarn", original_length=128)
+    with pytest.raises(ValueError, match=r"original_length: 128 in scaling=, 4 beside it"):
+        rope2d.set_scaling(RopeScaling("yarn", original_length=128))
+    rope2d.set_scaling(RopeScaling("yarn", original_length=4))  # the training height: what rope2d uses anyway
+    assert (rope2d.scaling_y.original_length, rope2d.scaling_x.original_length) == (4, 6)

@@ -230,8 +230,10 @@ def test_bf16_attention_stays_bf16_and_close(pos: str) -> None:
 def test_configure_sets_rope_scaling_on_a_stack_of_attention_layers() -> None:
     """One scaling API for 1D and 2D: vispos.configure reaches every RoPE of a plain layer stack."""
     stack = torch.nn.Sequential(make("rope"), make("rope"))
-    reference = torch.nn.Sequential(make("rope", scaling={"type": "yarn", "factor": 4.0, "original_length": N}),
-                                    make("rope", scaling={"type": "yarn", "factor": 4.0, "original_length": N}))
+    reference = torch.nn.Sequential(
+        make("rope", scaling={"type": "yarn", "factor": 4.0, "original_length": N}),
+        make("rope", scaling={"type": "yarn", "factor": 4.0, "original_length": N}),
+    )
     torch.testing.assert_close(reference[0].qkv.weight, stack[1].qkv.weight, rtol=0, atol=0)  # make() seeds 0
     x = tokens(n=4 * N)
     with torch.no_grad():
@@ -248,6 +250,29 @@ def test_configure_sets_rope_scaling_on_a_stack_of_attention_layers() -> None:
         vispos.configure(torch.nn.Sequential(make("alibi")), scaling="linear", factor=2.0)
     with pytest.raises(ValueError, match="no vispos positional scheme found"):
         vispos.configure(torch.nn.Linear(2, 2), scaling="linear", factor=2.0)
+
+
+def test_attention_takes_scaling_fields_as_keywords_like_configure() -> None:
+    """Attention(pos="rope", scaling="yarn", original_length=...) builds what configure(...) switches to."""
+    keywords = make("rope", scaling="yarn", factor=4.0, original_length=N, beta_fast=16.0)
+    expected = vispos.RopeScaling("yarn", factor=4.0, original_length=N, beta_fast=16.0)
+    assert keywords.pos.scaling == expected
+    configured = vispos.configure(torch.nn.Sequential(make("rope")), scaling="yarn", factor=4.0, original_length=N,
+                                  beta_fast=16.0)[0]  # fmt: skip
+    assert configured.pos.scaling == expected
+    assert make("rope", scaling="yarn", original_length=N).pos.scaling == vispos.RopeScaling("yarn", original_length=N)
+    x = tokens(n=4 * N)
+    with torch.no_grad():
+        torch.testing.assert_close(keywords(x), configured(x), rtol=0, atol=0)
+        torch.testing.assert_close(keywords(x), make("rope", scaling=expected)(x), rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"scaling options \['original_length'\] given without scaling="):
+        make("rope", original_length=N)
+    with pytest.raises(ValueError, match=r"beta_fast: not used by 'linear' scaling"):
+        make("rope", scaling="linear", factor=2.0, beta_fast=8.0)
+    with pytest.raises(ValueError, match=r"given beside a RopeScaling"):
+        make("rope", scaling=expected, factor=2.0)
+    with pytest.raises(TypeError, match=r"unknown option\(s\) factor for alibi"):  # not a RoPE: not a scaling field
+        make("alibi", factor=2.0)
 
 
 def test_set_position_enabled_switches_a_stack_of_attention_layers() -> None:

@@ -12,7 +12,8 @@ The formulas follow the papers and Hugging Face transformers' rope utilities:
   multiplies cos and sin, or m(s, mscale) / m(s, mscale_all_dim) with m(s, a) = 0.1 a ln s + 1 when
   both are given (DeepSeek-V2/V3).
 - ``longrope`` (Ding et al. 2024): inv_freq / lambda_i with given per-frequency factors (a short set for
-  lengths within the original, a long set beyond); attention factor sqrt(1 + ln s / ln L0).
+  lengths within the original, a long set beyond); attention factor sqrt(1 + ln s / ln L0), or the given
+  ``long_mscale`` beyond the original length and ``short_mscale`` within it (Phi-3.5-MoE).
 - ``llama3`` (Llama 3.1): frequencies whose wavelength 2 pi / f exceeds L0 / low_freq_factor are
   interpolated (f / s), those below L0 / high_freq_factor kept, a smooth blend in between; no attention
   factor.
@@ -20,6 +21,14 @@ The formulas follow the papers and Hugging Face transformers' rope utilities:
 ``s`` is ``factor`` when given, else derived from the current length: max(1, L / L0) (for ``dynamic_ntk``
 s = 1, since its formula already grows with L). Shipped models fix it: Phi-3's LongRoPE uses
 s = max_position_embeddings / original_max_position_embeddings, which ``RopeScaling.from_config`` reads.
+
+Every type reads ``factor``, ``original_length`` (the training length; the factor follows it when not given)
+and ``attention_factor`` (replaces the type's temperature); the other fields belong to one type
+(``TYPE_OPTIONS``). A field the chosen type does not read is an error, never ignored, whether it comes as a
+keyword, in a dict or in a ``RopeScaling``. A transformers config is read as transformers reads it instead:
+a key transformers knows but does not read for that ``rope_type`` (``original_max_position_embeddings`` of a
+linear config, a lone yarn ``mscale``) is dropped, as transformers drops it, so that the numbers stay equal
+to transformers'; a key transformers does not know is an error.
 """
 
 from __future__ import annotations
@@ -36,14 +45,16 @@ from .._validate import check_bool, check_choice, check_float, check_int
 SCALING_TYPES: tuple[str, ...] = ("linear", "ntk", "dynamic_ntk", "yarn", "longrope", "llama3")
 # options that belong to one scaling type, with the defaults that type fills in (None: no default)
 TYPE_OPTIONS: dict[str, dict[str, object]] = {
-    "yarn": {"mscale": None, "mscale_all_dim": None, "truncate": True},
-    "longrope": {"long_factors": None, "short_factors": None},
+    "yarn": {"beta_fast": 32.0, "beta_slow": 1.0, "mscale": None, "mscale_all_dim": None, "truncate": True},
+    "longrope": {"long_factors": None, "short_factors": None, "long_mscale": None, "short_mscale": None},
     "llama3": {"low_freq_factor": 1.0, "high_freq_factor": 4.0},
 }
-# transformers' rope_type -> vispos type (None: plain RoPE)
+# fields every type reads (besides ``type``)
+COMMON_FIELDS: tuple[str, ...] = ("factor", "original_length", "attention_factor")
+# transformers' rope_type -> vispos type (None: plain RoPE); "su" is Phi-3's first name for LongRoPE
 HF_ROPE_TYPES: dict[str, str | None] = {
     "default": None, "mrope": None, "linear": "linear", "dynamic": "dynamic_ntk", "yarn": "yarn",
-    "longrope": "longrope", "llama3": "llama3",
+    "longrope": "longrope", "su": "longrope", "llama3": "llama3",
 }  # fmt: skip
 # transformers' rope_scaling / rope_parameters keys -> RopeScaling fields
 HF_KEYS: dict[str, str] = {
@@ -51,7 +62,23 @@ HF_KEYS: dict[str, str] = {
     "beta_slow": "beta_slow", "attention_factor": "attention_factor", "mscale": "mscale",
     "mscale_all_dim": "mscale_all_dim", "truncate": "truncate", "low_freq_factor": "low_freq_factor",
     "high_freq_factor": "high_freq_factor", "long_factor": "long_factors", "short_factor": "short_factors",
+    "long_mscale": "long_mscale", "short_mscale": "short_mscale",
 }  # fmt: skip
+# the keys transformers' rope functions read for each type (PhiMoE's rotary embedding adds the mscale pair);
+# others are dropped as transformers drops them ("Unrecognized keys in rope_parameters")
+HF_READ_KEYS: dict[str, tuple[str, ...]] = {
+    "linear": ("factor",),
+    "dynamic_ntk": ("factor",),  # grows from the model's max_position_embeddings
+    "yarn": ("factor", "original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow", "mscale",
+             "mscale_all_dim", "truncate"),
+    "longrope": ("factor", "original_max_position_embeddings", "attention_factor", "long_factor", "short_factor",
+                 "long_mscale", "short_mscale"),
+    "llama3": ("factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"),
+}  # fmt: skip
+# keys only a whole model config has: ``from_config`` reads such a mapping as a config.json
+MODEL_CONFIG_KEYS: tuple[str, ...] = (
+    "rope_scaling", "rope_parameters", "text_config", "max_position_embeddings", "model_type", "architectures",
+)  # fmt: skip
 # keys of the rotation itself, not of its scaling: options of the scheme (theta, dim, sections), left to the caller
 HF_ROTATION_KEYS: tuple[str, ...] = ("rope_theta", "partial_rotary_factor", "mrope_section", "mrope_interleaved")
 
@@ -65,19 +92,23 @@ def rope_inv_freq(dim: int, theta: float) -> torch.Tensor:
 class RopeScaling:
     """How to stretch RoPE beyond its training length; validated on construction.
 
-    Options of one type (``TYPE_OPTIONS``) are refused by the others; left at None, they take that type's
-    default: yarn ``truncate=True`` (``mscale`` / ``mscale_all_dim`` unset), llama3 ``low_freq_factor=1``,
-    ``high_freq_factor=4``.
+    ``factor``, ``original_length`` and ``attention_factor`` belong to every type; the other fields to one
+    type (``TYPE_OPTIONS``) and are refused by the others. Left at None, they take that type's default: yarn
+    ``beta_fast=32``, ``beta_slow=1``, ``truncate=True`` (``mscale`` / ``mscale_all_dim`` unset), llama3
+    ``low_freq_factor=1``, ``high_freq_factor=4``; longrope's ``long_mscale`` / ``short_mscale`` (both or
+    neither) replace its attention factor beyond / within ``original_length``.
     """
 
     type: str
     factor: float | None = None  # None: max(1, length / original_length), recomputed for each length
     original_length: int | None = None  # training length (tokens per axis for 2D grids)
-    beta_fast: float = 32.0
-    beta_slow: float = 1.0
+    beta_fast: float | None = None  # yarn: pairs turning more than this over original_length are kept (default 32)
+    beta_slow: float | None = None  # yarn: pairs turning less than this are interpolated (default 1)
     attention_factor: float | None = None  # override the method's default temperature
     long_factors: tuple[float, ...] | None = None  # longrope: one per rotary frequency, beyond original_length
     short_factors: tuple[float, ...] | None = None  # longrope: within original_length (None: long_factors)
+    long_mscale: float | None = None  # longrope: attention factor beyond original_length (Phi-3.5-MoE)
+    short_mscale: float | None = None  # longrope: attention factor within original_length
     mscale: float | None = None  # yarn: attention factor m(s, mscale) / m(s, mscale_all_dim); both or neither
     mscale_all_dim: float | None = None
     truncate: bool | None = None  # yarn: round the ramp's ends to whole pairs (default True)
@@ -96,10 +127,6 @@ class RopeScaling:
         if needs_length and self.original_length is None:
             why = f"{self.type!r} scaling" if self.type != "linear" and self.type != "ntk" else "factor=None"
             raise ValueError(f"{why} needs original_length (the training length)")
-        check_float("beta_fast", self.beta_fast, positive=True)
-        check_float("beta_slow", self.beta_slow, positive=True)
-        if self.beta_fast <= self.beta_slow:
-            raise ValueError(f"beta_fast must exceed beta_slow, got {self.beta_fast} <= {self.beta_slow}")
         if self.attention_factor is not None:
             check_float("attention_factor", self.attention_factor, positive=True)
         if self.type == "yarn":
@@ -112,18 +139,25 @@ class RopeScaling:
                 raise ValueError(f"high_freq_factor must exceed low_freq_factor, got {self.high_freq_factor} <= {low}")
 
     def _fill_type_options(self) -> None:
-        """Refuse another type's options; give this type's unset options their defaults."""
-        for kind, defaults in TYPE_OPTIONS.items():
-            if kind == self.type:
-                for name, default in defaults.items():
-                    if getattr(self, name) is None:
-                        object.__setattr__(self, name, default)
-                continue
-            given = [name for name in defaults if getattr(self, name) is not None]
-            if given:
-                raise ValueError(f"{' / '.join(given)}: options of {kind!r} scaling only, not of {self.type!r}")
+        """Refuse every field this type does not read; give this type's unset options their defaults."""
+        for name, default in TYPE_OPTIONS.get(self.type, {}).items():
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, default)
+        owners = {name: kind for kind, names in TYPE_OPTIONS.items() if kind != self.type for name in names}
+        given = [f.name for f in fields(self) if f.name in owners and getattr(self, f.name) is not None]
+        if given:
+            kinds = sorted({owners[name] for name in given})
+            accepted = ", ".join((*COMMON_FIELDS, *TYPE_OPTIONS.get(self.type, {})))
+            raise ValueError(
+                f"{', '.join(given)}: not used by {self.type!r} scaling (options of {', '.join(map(repr, kinds))}); "
+                f"{self.type!r} takes {accepted}"
+            )
 
     def _check_yarn(self) -> None:
+        check_float("beta_fast", self.beta_fast, positive=True)
+        check_float("beta_slow", self.beta_slow, positive=True)
+        if self.beta_fast <= self.beta_slow:
+            raise ValueError(f"beta_fast must exceed beta_slow, got {self.beta_fast} <= {self.beta_slow}")
         check_bool("truncate", self.truncate)
         if (self.mscale is None) != (self.mscale_all_dim is None):
             raise ValueError(
@@ -140,7 +174,19 @@ class RopeScaling:
         for name in ("long_factors", "short_factors"):
             values = getattr(self, name)
             if values is not None:
+                if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+                    raise TypeError(f"{name} must be a sequence of numbers, got {type(values).__name__} {values!r}")
                 object.__setattr__(self, name, tuple(check_float(name, v, positive=True) for v in values))
+        if (self.long_mscale is None) != (self.short_mscale is None):
+            raise ValueError(
+                "long_mscale and short_mscale go together (the attention factor beyond / within original_length); "
+                f"got long_mscale={self.long_mscale}, short_mscale={self.short_mscale}"
+            )
+        if self.long_mscale is not None:
+            check_float("long_mscale", self.long_mscale, positive=True)
+            check_float("short_mscale", self.short_mscale, positive=True)
+            if self.attention_factor is not None:
+                raise ValueError("give attention_factor or long_mscale / short_mscale, not both (each sets the factor)")
 
     def resolve_factor(self, length: int) -> float:
         if self.factor is not None:
@@ -151,30 +197,49 @@ class RopeScaling:
     def from_config(
         cls, config: Mapping[str, Any], *, max_position_embeddings: int | None = None
     ) -> RopeScaling | None:
-        """The scaling of a transformers RoPE config; None for plain RoPE (``rope_type`` default).
+        """The scaling of a transformers RoPE config; None for plain RoPE (no scaling).
 
         ``config``: a ``rope_scaling`` / ``rope_parameters`` dict, or a whole model config (``config.json``
-        read as a dict) holding one, whose ``max_position_embeddings`` and ``original_max_position_embeddings``
-        are then read too. ``rope_type`` (or the older ``type``) is one of ``HF_ROPE_TYPES``; the other keys
-        map to fields by ``HF_KEYS``; keys of the rotation itself (``HF_ROTATION_KEYS``: theta, partial
-        rotary, mrope sections) are left to the caller. As transformers reads them:
+        read as a dict; recognised by a key of ``MODEL_CONFIG_KEYS``) whose ``max_position_embeddings`` and
+        ``original_max_position_embeddings`` are then read too. A model config without RoPE settings
+        (absent, null, empty, or ``rope_type`` default: Mistral, Llama 2) gives None; one without them at the
+        top level but with a ``text_config`` (a VLM: Llava, Qwen2-VL) is read from its ``text_config``.
+        ``rope_type`` (or the older ``type``) is one of ``HF_ROPE_TYPES``; the keys transformers reads for that
+        type (``HF_READ_KEYS``) map to fields by ``HF_KEYS``, the other keys it knows are dropped as transformers
+        drops them, keys of the rotation itself (``HF_ROTATION_KEYS``: theta, partial rotary, mrope sections)
+        are left to the caller, and any other key is an error. As transformers reads them:
 
         - ``original_max_position_embeddings``: the model config's when it has one (it takes precedence:
           Phi-3 keeps it there), else the dict's, else ``max_position_embeddings``;
         - yarn / longrope without ``factor``: max_position_embeddings / original (Phi-3's fixed LongRoPE factor);
-        - dynamic grows from ``max_position_embeddings``; yarn's ``mscale`` / ``mscale_all_dim`` count only as a pair.
+        - dynamic grows from ``max_position_embeddings``; yarn's ``mscale`` / ``mscale_all_dim`` count only as a
+          pair; LongRoPE's ``long_mscale`` / ``short_mscale`` (Phi-3.5-MoE) replace its attention factor.
         """
-        rope, model_orig = config, None
-        if "rope_scaling" in config or "rope_parameters" in config:  # a whole model config
-            rope = config.get("rope_scaling") or config.get("rope_parameters") or {}  # rope_scaling wins, as there
-            model_orig = config.get("original_max_position_embeddings")
-            if max_position_embeddings is None:
-                max_position_embeddings = config.get("max_position_embeddings")
-        return _from_hf(dict(rope), max_position_embeddings, model_orig)
+        if not isinstance(config, Mapping):
+            raise TypeError(f"config must be a rope_scaling dict or a config.json dict, got {type(config).__name__}")
+        if not any(key in config for key in MODEL_CONFIG_KEYS):  # the rope dict itself
+            return _from_hf(dict(config), max_position_embeddings, None)
+        rope = config.get("rope_scaling") or config.get("rope_parameters")  # rope_scaling wins, as in transformers
+        if not rope:
+            text = config.get("text_config")
+            if isinstance(text, Mapping):  # a VLM: its language model's settings
+                return cls.from_config(text, max_position_embeddings=max_position_embeddings)
+            return None  # no RoPE settings: plain RoPE (or none at all)
+        if not isinstance(rope, Mapping):
+            raise TypeError(f"rope_scaling / rope_parameters must be a dict, got {type(rope).__name__} {rope!r}")
+        if max_position_embeddings is None:
+            max_position_embeddings = config.get("max_position_embeddings")
+        return _from_hf(dict(rope), max_position_embeddings, config.get("original_max_position_embeddings"))
 
 
 def _from_hf(rope: dict[str, Any], max_len: int | None, model_orig: int | None) -> RopeScaling | None:
     """``RopeScaling.from_config`` on the rope dict itself; absent and None values are the same."""
+    nested = [k for k, v in rope.items() if isinstance(v, Mapping)]
+    if nested and len(nested) == len(rope):
+        raise ValueError(
+            f"rope_parameters given per layer type ({', '.join(nested)}); pass the one wanted, e.g. "
+            f"config['rope_parameters'][{nested[0]!r}]"
+        )
     rope_type = rope.pop("rope_type", rope.pop("type", "default"))
     if rope_type not in HF_ROPE_TYPES:
         raise ValueError(f"unknown rope_type {rope_type!r}; accepted: {', '.join(HF_ROPE_TYPES)}")
@@ -185,21 +250,25 @@ def _from_hf(rope: dict[str, Any], max_len: int | None, model_orig: int | None) 
     kind = HF_ROPE_TYPES[rope_type]
     if kind is None:
         return None
-    options = {HF_KEYS[k]: v for k, v in rope.items() if k in HF_KEYS and v is not None}
-    orig = model_orig if model_orig is not None else options.get("original_length", max_len)
+    options = {HF_KEYS[k]: v for k, v in rope.items() if k in HF_READ_KEYS[kind] and v is not None}
     if kind == "dynamic_ntk":  # transformers grows it from max_position_embeddings, whatever else is given
         if max_len is None:
             raise ValueError("'dynamic' scaling grows from max_position_embeddings; pass it (or the model config)")
-        orig = max_len
-    if orig is not None:
-        options["original_length"] = int(orig)
+        options["original_length"] = max_len
+    elif kind != "linear":
+        orig = model_orig if model_orig is not None else options.get("original_length", max_len)
+        if orig is not None:
+            options["original_length"] = orig
     if kind in ("yarn", "longrope") and "factor" not in options:
+        orig = options.get("original_length")
         if max_len is None or orig is None:
             raise ValueError(f"{rope_type!r} without factor needs max_position_embeddings (factor = max / original)")
         options["factor"] = max_len / orig
     if kind == "yarn" and not (options.get("mscale") and options.get("mscale_all_dim")):
         for name in ("mscale", "mscale_all_dim"):  # transformers reads them only as a pair
             options.pop(name, None)
+    if kind == "longrope" and "long_mscale" in options and "short_mscale" in options:
+        options.pop("attention_factor", None)  # PhiMoE's pair replaces the attention factor
     return as_scaling(kind, **options)
 
 
@@ -208,7 +277,8 @@ def as_scaling(
 ) -> RopeScaling | None:
     """The one way to read a scaling setting: a ``RopeScaling``, a type name with its fields as keyword
     options, or a dict of fields (as from a YAML config). ``original_length`` is the training length to
-    use when the setting gives none."""
+    use when the setting gives none; a setting that gives another one, or a field given both in the dict
+    and as a keyword with two values, is an error (neither is silently dropped)."""
     if scaling is None:
         if options:
             raise ValueError(f"scaling options {sorted(options)} given without scaling=; accepted: {SCALING_TYPES}")
@@ -216,24 +286,54 @@ def as_scaling(
     if isinstance(scaling, RopeScaling):
         if options:
             raise ValueError(f"scaling options {sorted(options)} given beside a RopeScaling; set them inside it")
-        if scaling.original_length is None and original_length is not None:
+        if original_length is None or scaling.original_length == original_length:
+            return scaling
+        if scaling.original_length is None:
             return replace(scaling, original_length=original_length)
-        return scaling
+        raise _given_twice({"original_length": (scaling.original_length, original_length)})
     if isinstance(scaling, str):
         scaling = {"type": scaling}
     if not isinstance(scaling, dict):
         raise TypeError(f"scaling must be None, a type name, a dict or RopeScaling; got {type(scaling).__name__}")
     accepted = [f.name for f in fields(RopeScaling)]
+    twice = {k: (scaling[k], v) for k, v in options.items() if k in scaling and scaling[k] != v}
+    if original_length is not None and scaling.get("original_length") not in (None, original_length):
+        twice["original_length"] = (scaling["original_length"], original_length)
+    if twice:
+        raise _given_twice(twice)
     merged = {**scaling, **options}
     unknown = sorted(map(str, set(merged) - set(accepted)))
     if unknown:
         raise TypeError(f"unknown RoPE scaling option(s) {', '.join(unknown)}; accepted: {', '.join(accepted)}")
     for key in ("long_factors", "short_factors"):
-        if isinstance(merged.get(key), Sequence):
+        if isinstance(merged.get(key), Sequence) and not isinstance(merged[key], str):
             merged[key] = tuple(merged[key])
     if merged.get("original_length") is None and original_length is not None:
         merged["original_length"] = original_length
     return RopeScaling(**merged)
+
+
+def _given_twice(values: dict[str, tuple[object, object]]) -> ValueError:
+    listed = "; ".join(
+        f"{k}: {a!r} in scaling=, {b!r} beside it (a keyword or the training length)" for k, (a, b) in values.items()
+    )
+    return ValueError(f"scaling option(s) given twice with two values ({listed}); give each once")
+
+
+SCALING_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(RopeScaling) if f.name != "type")
+
+
+def fold_scaling_fields(options: dict[str, object]) -> dict[str, object]:
+    """Scheme options with the ``RopeScaling`` fields given beside ``scaling=`` folded into it by ``as_scaling``
+    (``scaling="yarn", original_length=128`` -> ``scaling=RopeScaling("yarn", original_length=128)``), the form
+    ``vispos.configure`` takes; a field without ``scaling=`` is an error. For hosts of a scalable scheme."""
+    given = {k: v for k, v in options.items() if k in SCALING_FIELDS}
+    if not given:
+        return options
+    if options.get("scaling") is None:
+        raise ValueError(f"scaling options {sorted(given)} given without scaling=; accepted: {SCALING_TYPES}")
+    rest = {k: v for k, v in options.items() if k not in given}
+    return {**rest, "scaling": as_scaling(options.get("scaling"), **given)}
 
 
 def _yarn_correction_dim(rotations: float, dim: int, theta: float, original_length: int) -> float:
@@ -317,7 +417,10 @@ def _longrope(dim: int, theta: float, sc: RopeScaling, s: float, length: int) ->
     check_scaling_dim(sc, dim)
     use_long = length > sc.original_length or sc.short_factors is None  # type: ignore[operator]
     factors = sc.long_factors if use_long else sc.short_factors
-    attention = math.sqrt(1 + math.log(s) / math.log(sc.original_length)) if s > 1 else 1.0  # type: ignore[arg-type]
+    if sc.long_mscale is not None:  # Phi-3.5-MoE: the attention factor is given, beyond / within the original length
+        attention = sc.long_mscale if length > sc.original_length else sc.short_mscale  # type: ignore[operator]
+    else:
+        attention = math.sqrt(1 + math.log(s) / math.log(sc.original_length)) if s > 1 else 1.0  # type: ignore[arg-type]
     return rope_inv_freq(dim, theta) / torch.tensor(factors, dtype=torch.float32), attention
 
 
