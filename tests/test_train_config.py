@@ -9,7 +9,7 @@ import pytest
 from train.__main__ import main as train_main
 from train.config import ConfigError, SchemeConfig, apply_overrides, config_from_dict, load_config
 
-BASE = {"name": "t", "schemes": ["rope2d"], "eval": {"sizes": [28, 56]}}
+BASE = {"name": "t", "schemes": ["rope2d"], "eval": {"sizes": [28, 56]}, "model": {"patch_size": 4}}
 
 
 def test_unknown_top_level_key_names_the_accepted_keys() -> None:

@@ -18,7 +18,7 @@ from train.optim import make_optimizer, make_scheduler
 from train.schedule import warmup_cosine, warmup_steps
 from train.seeds import generator, mix_seed, seeded
 
-BASE = {"name": "t", "schemes": ["rope2d"], "eval": {"sizes": [28, 56]}}
+BASE = {"name": "t", "schemes": ["rope2d"], "eval": {"sizes": [28, 56]}, "model": {"patch_size": 4}}
 
 
 def previous_trainer_factor(step: int, total: int, warmup: float, min_ratio: float) -> float:
@@ -142,9 +142,15 @@ def test_scaling_names_come_from_vispos() -> None:
     # longrope has no search in 2D: its factors must be given, and the config says so when it loads
     with pytest.raises(ConfigError, match=r"schemes\[rope2d\+longrope\]: scaling: .*long_factors"):
         config_from_dict({**BASE, "schemes": ["rope2d", "rope2d+longrope"]})
-    factors = {"long_factors": [1.0, 2.0]}
-    config_from_dict({**BASE, "schemes": ["rope2d", {"name": "lr", "base": "rope2d", "scaling": "longrope",
-                                                     "scaling_options": factors}]})
+    def longrope(n: int) -> list:
+        return ["rope2d", {"name": "lr", "base": "rope2d", "scaling": "longrope",
+                           "scaling_options": {"long_factors": [1.0 + i for i in range(n)]}}]
+
+    # the factor count is checked against the model's frequencies when the config loads (head dim 64,
+    # half of it per axis: 16 frequencies), not when the entry is evaluated after training
+    with pytest.raises(ConfigError, match=r"schemes\[lr\]: .*one entry per rotary frequency .*16.*got 2"):
+        config_from_dict({**BASE, "schemes": longrope(2)})
+    config_from_dict({**BASE, "schemes": longrope(16)})
     with pytest.raises(ConfigError, match=r"scaling_options given without scaling"):
         config_from_dict({**BASE, "schemes": ["rope2d", {"name": "v", "base": "rope2d",
                                                          "scaling_options": {"factor": 2.0}}]})

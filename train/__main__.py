@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
 import sys
 
+from .checkpoint import CheckpointError
 from .config import ConfigError, load_config
 from .data import DataError
 from .engine import NonFiniteLossError, StopRequested
@@ -25,14 +28,26 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def resume_command(config: str, overrides: list[str], quiet: bool, resumes: bool) -> str:
+    """The command that continues the run: the same one, with resume=true in place of any resume= override
+    unless the run resumes already (``resumes``)."""
+    if not resumes:
+        overrides = [o for o in overrides if o.split("=", 1)[0].strip() != "resume"] + ["resume=true"]
+    words = [config, *overrides, *(["--quiet"] * quiet)]
+    return " ".join(["python -m train --config", *(shlex.quote(w) for w in words)])
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     overrides = list(args.overrides) + (["progress=false"] if args.quiet else [])
+    quiet = ["--quiet"] * args.quiet
+    command = " ".join(["python -m train --config", args.config, *args.overrides, *quiet])
+    main_rank = os.environ.get("RANK", "0") == "0"  # under torchrun, one message for the job
+    cfg = None
     try:
         cfg = load_config(args.config, overrides)
-        command = " ".join(["python -m train --config", args.config, *args.overrides, *(["--quiet"] * args.quiet)])
         run_experiment(cfg, command=command)
-    except (ConfigError, DataError) as e:
+    except (ConfigError, DataError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except NonFiniteLossError as e:
@@ -41,6 +56,13 @@ def main(argv: list[str] | None = None) -> int:
     except StopRequested as e:
         print(f"stopped: {e}; run the same command again to resume", file=sys.stderr)
         return 4
+    except KeyboardInterrupt:  # checkpoints are replaced atomically: the last one written is intact
+        if main_rank:
+            after_bar = "\n" if sys.stderr.isatty() else ""  # a bar may hold the terminal's line
+            print(f"{after_bar}interrupted: the last checkpoint is kept; resume with: "
+                  f"{resume_command(args.config, list(args.overrides), args.quiet, cfg is None or cfg.resume)}",
+                  file=sys.stderr)
+        return 130
     return 0
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 from tqdm import tqdm
@@ -47,8 +49,10 @@ def top1(model: nn.Module, loader: EvalLoader, protocol: str, size: int, rt: Run
 
 
 def evaluate_model(model: nn.Module, loader: EvalLoader, protocols: list[str], sizes: list[int], rt: Runtime,
-                   desc: str = "eval") -> tuple[Accuracy, int]:
-    """Accuracy for every (protocol, size); returns the table and the number of unreadable images."""
+                   desc: str = "eval", log: Callable[[str], None] | None = None) -> tuple[Accuracy, int]:
+    """Accuracy for every (protocol, size); returns the table and the number of unreadable images.
+
+    Without a terminal (``rt.lines``), ``log`` gets one line per (protocol, size) in place of the bar."""
     bar = tqdm(total=loader.num_batches * len(protocols) * len(sizes), desc=desc, leave=False,
                disable=not rt.progress, dynamic_ncols=True)
     out: Accuracy = {}
@@ -59,5 +63,7 @@ def evaluate_model(model: nn.Module, loader: EvalLoader, protocols: list[str], s
             acc, _, sk = top1(model, loader, protocol, size, rt, bar)
             out[protocol][size] = acc
             skipped = max(skipped, sk)
+            if log is not None and rt.lines:
+                log(f"{desc}: {protocol} {size} px: {acc:.2f}")
     bar.close()
     return out, skipped

@@ -39,17 +39,32 @@ def atomic_save(obj: Any, path: Path) -> None:
         raise
 
 
-def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load a checkpoint safely (weights_only=True); a clear error for a missing or foreign file."""
-    if not Path(path).is_file():
-        raise FileNotFoundError(f"checkpoint {path} does not exist")
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, a folder, foreign or incomplete; the message says what is expected."""
+
+
+def load(path: Path, map_location: str | torch.device = "cpu", *, required: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Load a checkpoint safely (weights_only=True); a clear error for a missing, foreign or incomplete file
+    (``required``: entries it must hold)."""
+    path = Path(path)
+    if path.is_dir():
+        inside = sorted(p.name for p in path.glob("*.pt"))
+        hint = f" ({', '.join(inside)} there)" if inside else ""
+        raise CheckpointError(f"{path} is a folder; give a checkpoint file the trainer wrote, e.g. "
+                              f"{path / 'checkpoint.pt'}{hint}")
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist")
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:  # torch's own text suggests weights_only=False, which is not the remedy here
         why = type(e).__name__
-        raise RuntimeError(f"cannot load checkpoint {path}: not a file the trainer wrote ({why})") from None
+        raise CheckpointError(f"cannot load checkpoint {path}: not a file the trainer wrote ({why})") from None
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
-        raise RuntimeError(f"{path} is not a vispos trainer checkpoint (format {FORMAT})")
+        raise CheckpointError(f"{path} is not a vispos trainer checkpoint (format {FORMAT})")
+    missing = [k for k in required if k not in ckpt]
+    if missing:
+        raise CheckpointError(f"{path} has no {', '.join(missing)} entry: it cannot be rebuilt and evaluated "
+                              f"(a trainer checkpoint holds {', '.join(required)})")
     return ckpt
 
 
@@ -85,7 +100,7 @@ def fingerprint(cfg: ExperimentConfig, scheme: SchemeConfig) -> dict[str, Any]:
     """What determines the trained weights; a checkpoint is resumed only when this matches."""
     cfg = scheme_config(cfg, scheme)
     data = {k: v for k, v in to_dict(cfg.data).items() if k != "workers"}
-    train = {k: v for k, v in to_dict(cfg.train).items() if k not in ("checkpoint_every", "compile")}
+    train = {k: v for k, v in to_dict(cfg.train).items() if k not in ("checkpoint_every", "compile", "log_every")}
     sch = {k: v for k, v in to_dict(scheme).items() if k in ("pos", "options", "drope")}
     return {"seed": cfg.seed, "data": data, "model": to_dict(cfg.model), "train": train, "scheme": sch}
 

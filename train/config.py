@@ -10,9 +10,12 @@ benchmark (``train.entries``).
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+
+import vispos
 
 from . import schema
 from .entries import RunConfig, SchemeEntry, check_entries, check_scaling, expand_shorthand
@@ -20,13 +23,17 @@ from .schema import ConfigError
 
 PROTOCOLS: tuple[str, ...] = ("resize", "canvas")
 SHORTHAND_WORDS: dict[str, dict[str, Any]] = {"logn": {"log_n_attention": True}}  # besides the RoPE scalings
+PATCH_OPTIONS = [p.name for p in inspect.signature(vispos.patch).parameters.values() if p.kind is p.KEYWORD_ONLY]
+TIMM_TABLE = "timm"  # pos name meaning: keep timm's own learned table (dynamic_img_size=True), no patch
 
 
 @dataclass
 class DataConfig:
     """Where the images come from and which subset is used."""
 
-    dataset: Literal["fashion_mnist", "folder"] = "fashion_mnist"
+    # grid_*: generated position tasks (train.grid_tasks); train_per_class / val_per_class count images per class
+    dataset: Literal["fashion_mnist", "folder", "grid_lookup", "grid_direction", "grid_placement", "grid_count",
+                     "grid_lookup_shuffled"] = "fashion_mnist"
     root: str | None = None  # fashion_mnist: folder of the idx .gz files (found automatically if None)
     train_split: str = "train"  # folder: sub-folder of root with one folder per class
     val_split: str = "val"
@@ -99,6 +106,7 @@ class TrainConfig:
     precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
     compile: bool = False
     checkpoint_every: int = 100  # steps between mid-epoch checkpoints (0: only at epoch ends)
+    log_every: int = 50  # steps between plain progress lines when stderr is not a terminal (0: none)
     val_every_epoch: bool = True  # accuracy at the training resolution after each epoch (CSV log)
     # multi-resolution training (FlexiViT / NaViT style): one size per step, the same for the whole batch,
     # drawn from (seed, epoch, step) only; every size <= data.img_size and a multiple of the patch size
@@ -219,6 +227,8 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
             raise ConfigError(f"{key} must be >= 1, got {val}")
     if t.checkpoint_every < 0:
         raise ConfigError(f"train.checkpoint_every must be >= 0 (0: epoch ends only), got {t.checkpoint_every}")
+    if t.log_every < 0:
+        raise ConfigError(f"train.log_every must be >= 0 (0: no progress lines), got {t.log_every}")
     if not 0.0 <= t.warmup < 1.0:
         raise ConfigError(f"train.warmup is a fraction of all steps in [0, 1), got {t.warmup}")
     if (e.sizes is None) == (e.scales is None):
@@ -257,7 +267,106 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
         raise ConfigError(f"finetune.warmup is a fraction of the fine-tune steps in [0, 1), got {f.warmup}")
     if cfg.seeds is not None and (not cfg.seeds or len(set(cfg.seeds)) != len(cfg.seeds)):
         raise ConfigError(f"seeds: a non-empty list of distinct seeds (or null: the single seed), got {cfg.seeds}")
+    _validate_ranges(cfg)
+    _validate_data(d)
+    check_entry_schemes(cfg.schemes)
     return cfg
+
+
+def _validate_ranges(cfg: ExperimentConfig) -> None:
+    """Every number that has a meaningful range, checked against it (NaN fails every check)."""
+    t, m, d, e, f, dbg = cfg.train, cfg.model, cfg.data, cfg.eval, cfg.finetune, cfg.debug
+
+    def positive_or_null(v: float | None) -> bool:
+        return v is None or v > 0
+
+    checks: tuple[tuple[str, Any, bool, str], ...] = (
+        ("train.lr", t.lr, t.lr > 0, "> 0"),
+        ("train.min_lr", t.min_lr, 0 <= t.min_lr <= t.lr, f"in [0, train.lr={t.lr}]"),
+        ("train.weight_decay", t.weight_decay, t.weight_decay >= 0, ">= 0"),
+        ("train.grad_clip", t.grad_clip, positive_or_null(t.grad_clip), "> 0, or null (no clipping)"),
+        ("train.label_smoothing", t.label_smoothing, 0 <= t.label_smoothing < 1, "in [0, 1)"),
+        ("model.patch_size", m.patch_size, positive_or_null(m.patch_size), ">= 1, or null (the model's own)"),
+        ("model.embed_dim", m.embed_dim, positive_or_null(m.embed_dim), ">= 1, or null (the model's own)"),
+        ("model.depth", m.depth, positive_or_null(m.depth), ">= 1, or null (the model's own)"),
+        ("model.num_heads", m.num_heads, positive_or_null(m.num_heads), ">= 1, or null (the model's own)"),
+        ("model.mlp_ratio", m.mlp_ratio, positive_or_null(m.mlp_ratio), "> 0, or null (the model's own)"),
+        ("model.drop_rate", m.drop_rate, 0 <= m.drop_rate < 1, "in [0, 1)"),
+        ("model.drop_path_rate", m.drop_path_rate, 0 <= m.drop_path_rate < 1, "in [0, 1)"),
+        ("data.crop_pct", d.crop_pct, 0 < d.crop_pct <= 1, "in (0, 1]"),
+        ("data.workers", d.workers, d.workers >= 0, ">= 0"),
+        ("eval.scales", e.scales, e.scales is None or all(s > 0 for s in e.scales), "numbers > 0"),
+        ("eval.canvas_fill", e.canvas_fill, e.canvas_fill is None or 0 <= e.canvas_fill <= 1,
+         "in [0, 1] (pixel units), or null"),
+        ("finetune.lr", f.lr, f.lr > 0, "> 0"),
+        ("threads", cfg.threads, positive_or_null(cfg.threads), ">= 1, or null (torch's default)"),
+        ("debug.stop_after_steps", dbg.stop_after_steps, positive_or_null(dbg.stop_after_steps), ">= 1, or null"),
+        ("debug.nan_at_step", dbg.nan_at_step, dbg.nan_at_step is None or dbg.nan_at_step >= 0, ">= 0, or null"),
+    )
+    for key, value, ok, accepted in checks:
+        if not ok:
+            raise ConfigError(f"{key} must be {accepted}, got {value}")
+    if not cfg.name.strip():
+        raise ConfigError("name: a non-empty run name (the run folder is runs/<name> unless out_dir is set)")
+    if (t.mixup > 0 or t.cutmix > 0) and t.batch_size % 2:
+        raise ConfigError(f"train.batch_size must be even with mixup / cutmix (timm's Mixup pairs images), "
+                          f"got {t.batch_size}")
+
+
+def _validate_data(d: DataConfig) -> None:
+    """What can be known about the data without reading it: statistics, class choices, RandAugment."""
+    if d.std is not None and not all(s > 0 for s in d.std):
+        raise ConfigError(f"data.std must be > 0 per channel, got {d.std}")
+    if d.mean is not None and d.std is not None and len(d.mean) != len(d.std):
+        raise ConfigError(f"data.mean and data.std need one value per channel each, got {d.mean} and {d.std}")
+    channels = {"fashion_mnist": (1,), "folder": (1, 3)}.get(d.dataset)
+    if channels is not None and d.mean is not None and len(d.mean) not in channels:
+        raise ConfigError(f"data.mean / data.std: {d.dataset} images have {' or '.join(map(str, channels))} "
+                          f"channel(s), got {len(d.mean)} values")
+    from .data import FMNIST_CLASSES, DataError, select_classes  # data imports this module
+
+    if d.dataset == "fashion_mnist":
+        try:
+            select_classes(FMNIST_CLASSES, d)
+        except DataError as err:
+            raise ConfigError(f"data: {err}") from None
+    if d.auto_augment is not None:
+        from .transforms import train_transform
+
+        try:
+            train_transform(d.img_size, d.crop_pct, d.augment, d.auto_augment, tuple(d.mean or (0.5,)))
+        except (AssertionError, ValueError, KeyError, IndexError) as err:
+            raise ConfigError(f"data.auto_augment {d.auto_augment!r} is not a timm augmentation string "
+                              f"(e.g. rand-m9-mstd0.5-inc1): {err or type(err).__name__}") from None
+
+
+def check_entry_schemes(schemes: list[SchemeConfig]) -> None:
+    """Each entry against the registry: its 2D schemes exist, its options are ones they accept, and an
+    evaluation setting (scaling) has a scheme it applies to."""
+    known = vispos.list_encodings(ndim=2)
+    by_name = {s.name: s for s in schemes}
+    for s in schemes:
+        where = f"schemes[{s.name}]"
+        if not s.name.strip():
+            raise ConfigError("schemes: every entry needs a non-empty name")
+        for p in s.pos:
+            if p != TIMM_TABLE and p not in known:
+                raise ConfigError(f"{where}: unknown 2D scheme {p!r}; known: {', '.join(known)}, "
+                                  f"or {TIMM_TABLE!r} (timm's own table)")
+        if TIMM_TABLE in s.pos and (len(s.pos) > 1 or s.options or s.drope):
+            raise ConfigError(f"{where}: {TIMM_TABLE!r} stands alone (no combination, options or drope)")
+        infos = [vispos.get_info(p, 2) for p in s.pos if p != TIMM_TABLE]
+        accepted = sorted({o for i in infos for o in i.options} | set(PATCH_OPTIONS)) if infos else []
+        unknown = sorted(set(s.options) - set(accepted))
+        if unknown:
+            raise ConfigError(f"{where}: option(s) {', '.join(unknown)} not accepted by {'+'.join(s.pos)}; "
+                              f"accepted: {', '.join(accepted) or 'none'}")
+        trained = s if s.trains else by_name[s.base]  # type: ignore[index]  (check_entries: base exists)
+        if s.scaling is not None:
+            scalable = [n for n in known if vispos.get_info(n, 2).scalable]
+            if not any(p in scalable for p in trained.pos):
+                raise ConfigError(f"{where}: scaling {s.scaling!r} stretches RoPE frequencies; "
+                                  f"{'+'.join(trained.pos)} has none to stretch (scalable: {', '.join(scalable)})")
 
 
 def _validate_multires(t: TrainConfig, img_size: int, where: str = "train.sizes / size_range") -> None:
@@ -282,8 +391,13 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 
 
 def config_from_dict(data: Any) -> ExperimentConfig:
-    """Fill and validate the schema from plain data."""
-    return validate(schema.from_dict(ExperimentConfig, data, "", HOOKS))
+    """Fill and validate the schema from plain data; every entry's model is built once on the meta device
+    (``models.preflight``), so what depends on the model (its patch size, a scheme's options) fails here too."""
+    cfg = validate(schema.from_dict(ExperimentConfig, data, "", HOOKS))
+    from .models import preflight  # models imports this module
+
+    preflight(cfg)
+    return cfg
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:

@@ -269,6 +269,8 @@ class SchemeTrainer:
                 bar.update(1)
                 bar.set_postfix(loss=f"{p.sums[0] / max(p.sums[2], 1):.3f}")
                 done = epoch * self.steps + batch.step + 1
+                if self.rt.lines and t.log_every and done % t.log_every == 0:
+                    self._progress_line(epoch, batch.step + 1, done)
                 if t.checkpoint_every and done % t.checkpoint_every == 0 and batch.step + 1 < self.steps:
                     self._save(epoch, batch.step + 1, finished=False)
                 if debug.stop_after_steps is not None and done >= debug.stop_after_steps:
@@ -278,6 +280,13 @@ class SchemeTrainer:
             p.step = 0
             self._end_epoch(epoch, eval_loader)
         return self._result()
+
+    def _progress_line(self, epoch: int, step: int, done: int) -> None:
+        """A plain line for a log file (nohup, slurm), where tqdm's bar is not shown."""
+        p = self.progress
+        self.log(f"[{self.scheme.name}] epoch {epoch + 1}/{self.cfg.train.epochs}, step {step}/{self.steps} "
+                 f"({done}/{self.total}): loss {p.sums[0] / max(p.sums[2], 1):.4f}, "
+                 f"lr {self.opt.param_groups[0]['lr']:.3g} ({self._seconds():.0f} s)")
 
     def _result(self) -> TrainResult:
         p = self.progress

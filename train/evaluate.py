@@ -10,24 +10,32 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
+
+import torch
 
 import vispos
 
 from . import checkpoint as ckpt_io
 from .accuracy import eval_sizes, evaluate_model
-from .config import PROTOCOLS, ConfigError, SchemeConfig, apply_overrides, config_from_dict
-from .data import build_data
+from .checkpoint import CheckpointError
+from .config import PROTOCOLS, ConfigError, SchemeConfig, apply_overrides, check_entry_schemes, config_from_dict
+from .data import DataError, build_data
 from .loaders import EvalLoader
 from .models import build_model, configure_eval, patch_size_of, set_positions
 from .report import format_tables
 from .results import Accuracy, accuracy_to_json
 from .runtime import setup, teardown
 
+CHECKPOINT = "checkpoint.pt"  # the file a scheme folder holds (engine.SchemeTrainer.path)
+
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m train.evaluate",
                                 description="Re-evaluate saved checkpoints at any resolutions.")
-    p.add_argument("--checkpoint", nargs="+", required=True, help="checkpoint.pt file(s) written by the trainer")
+    p.add_argument("--checkpoint", nargs="+", required=True,
+                   help="checkpoint files written by the trainer (checkpoint.pt, finetuned.pt), scheme folders "
+                        "(their checkpoint.pt) or run folders (every scheme's checkpoint.pt)")
     p.add_argument("--sizes", nargs="+", type=int, required=True, help="evaluation resolutions in pixels")
     p.add_argument("--protocols", nargs="+", choices=PROTOCOLS, default=list(PROTOCOLS))
     # longrope needs per-frequency factors, which only a config entry's scaling_options can give
@@ -44,9 +52,34 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def checkpoint_files(arg: str) -> list[Path]:
+    """The checkpoint files an argument names: a file, a scheme folder (its checkpoint.pt), or a run folder
+    (each scheme's checkpoint.pt)."""
+    path = Path(arg)
+    if not path.is_dir():
+        return [path]
+    if (path / CHECKPOINT).is_file():
+        return [path / CHECKPOINT]
+    found = sorted(path.glob(f"*/{CHECKPOINT}"))
+    if not found:
+        raise CheckpointError(f"{path} is a folder without {CHECKPOINT} (nor scheme folders holding one); give a "
+                              f"checkpoint file, a scheme folder (runs/NAME/SCHEME) or a run folder (runs/NAME)")
+    return found
+
+
+def non_finite(state: dict[str, Any]) -> list[str]:
+    """The names of the floating-point tensors of a state dict that hold NaN or inf."""
+    return [k for k, v in state.items()
+            if torch.is_tensor(v) and v.is_floating_point() and not bool(torch.isfinite(v).all())]
+
+
 def evaluate_checkpoint(path: Path, args: argparse.Namespace) -> tuple[str, Accuracy, int]:
     """Rebuild the model of a trainer checkpoint and evaluate it; (row label, accuracies, train size)."""
-    ck = ckpt_io.load(path)
+    ck = ckpt_io.load(path, required=("model", "config", "scheme"))
+    bad = non_finite(ck["model"])
+    if bad:
+        print(f"warning: {path} holds non-finite weights ({len(bad)} tensors, e.g. {bad[0]}); "
+              "its accuracies are not meaningful", file=sys.stderr)
     overrides = [f"eval.sizes={list(args.sizes)}", "eval.scales=null", f"eval.protocols={list(args.protocols)}",
                  f"device={args.device}", *args.set]
     if args.max_images is not None:
@@ -56,52 +89,79 @@ def evaluate_checkpoint(path: Path, args: argparse.Namespace) -> tuple[str, Accu
     if args.quiet:
         overrides.append("progress=false")
     cfg = config_from_dict(apply_overrides(ck["config"], overrides))
-    scheme = SchemeConfig(**ck["scheme"])
-    rt = setup(cfg.device, threads=cfg.threads, progress=cfg.progress, train_precision=cfg.train.precision,
-               eval_precision=cfg.eval.precision)
-    data = build_data(cfg.data)
-    if list(data.classes) != list(ck["classes"]):
-        raise ConfigError(f"{path}: the dataset's classes differ from the checkpoint's ({len(ck['classes'])} "
-                          "classes); point --data-root at the data it was trained on")
-    model = build_model(cfg.model, scheme, img_size=cfg.data.img_size, num_classes=len(ck["classes"]),
-                        in_chans=int(ck["in_chans"]), seed=cfg.seed)
-    model.load_state_dict(ck["model"])
-    model.to(rt.device)
-    if scheme.drope > 0:
-        set_positions(model, False)
-    patch = patch_size_of(model)
-    grid = (cfg.data.img_size // patch, cfg.data.img_size // patch)
+    scheme = trained = SchemeConfig(**ck["scheme"])
     if args.scaling is not None or args.log_n:
         suffix = (f"+{args.scaling}" if args.scaling else "") + ("+logn" if args.log_n else "")
         scheme = SchemeConfig(name=f"{scheme.name}{suffix}", base=scheme.name, scaling=args.scaling,
                               log_n_attention=args.log_n)
+        check_entry_schemes([trained, scheme])
+    rt = setup(cfg.device, threads=cfg.threads, progress=cfg.progress, train_precision=cfg.train.precision,
+               eval_precision=cfg.eval.precision)
+    data = build_data(cfg.data)
+    classes = ck.get("classes", data.classes)  # finetuned.pt keeps no class list: the config's data decides
+    if list(data.classes) != list(classes):
+        raise ConfigError(f"{path}: the dataset's classes differ from the checkpoint's ({len(classes)} "
+                          "classes); point --data-root at the data it was trained on")
+    model = build_model(cfg.model, trained, img_size=cfg.data.img_size, num_classes=len(classes),
+                        in_chans=int(ck.get("in_chans", data.in_chans)), seed=cfg.seed)
+    try:
+        model.load_state_dict(ck["model"])
+    except (RuntimeError, ValueError) as e:  # e.g. a checkpoint of another vispos version
+        raise CheckpointError(f"{path}: the weights do not fit the model its config builds: {e}") from None
+    model.to(rt.device)
+    if trained.drope > 0:
+        set_positions(model, False)
+    patch = patch_size_of(model)
+    grid = (cfg.data.img_size // patch, cfg.data.img_size // patch)
     configure_eval(model, scheme, grid)
     loader = EvalLoader(data, cfg.data, cfg.eval, seed=cfg.seed, dist=rt.dist, patch_size=patch)
     sizes = eval_sizes(cfg.eval, cfg.data.img_size, patch)
-    acc, _ = evaluate_model(model, loader, cfg.eval.protocols, sizes, rt, desc=scheme.name)
+    acc, _ = evaluate_model(model, loader, cfg.eval.protocols, sizes, rt, desc=scheme.name,
+                            log=lambda msg: print(msg, flush=True))
     return scheme.name, acc, cfg.data.img_size
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Evaluate every checkpoint it can; a failing one is named and the exit code is 2 at the end."""
     args = _parse(argv)
     rows: dict[str, Accuracy] = {}
+    failed: dict[str, str] = {}
     train_size = None
     try:
-        for path in args.checkpoint:
-            label, acc, train_size = evaluate_checkpoint(Path(path), args)
+        paths: list[Path] = []
+        for arg in args.checkpoint:
+            try:
+                paths.extend(checkpoint_files(arg))
+            except CheckpointError as e:
+                failed[arg] = str(e)
+                print(f"error: {e}", file=sys.stderr)
+        for path in paths:
+            try:
+                label, acc, train_size = evaluate_checkpoint(path, args)
+            except (ConfigError, CheckpointError, DataError) as e:
+                failed[str(path)] = str(e)
+                print(f"error: {e}", file=sys.stderr)
+                continue
             if label in rows:
-                label = f"{label} ({Path(path).parent.parent.name})"
+                label = f"{label} ({path.parent.parent.name})"
             rows[label] = acc
-    except (ConfigError, FileNotFoundError, RuntimeError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    except KeyboardInterrupt:
+        print("interrupted: nothing written", file=sys.stderr)
+        return 130
     finally:
         teardown()
-    print(format_tables({label: [acc] for label, acc in rows.items()}, list(args.protocols),
-                        sorted(set(args.sizes)), train_size))
+    if rows:
+        print(format_tables({label: [acc] for label, acc in rows.items()}, list(args.protocols),
+                            sorted(set(args.sizes)), train_size))
     if args.out:
         accuracy = {label: accuracy_to_json(acc) for label, acc in rows.items()}
-        Path(args.out).write_text(json.dumps({"train_size": train_size, "accuracy": accuracy}, indent=2))
+        Path(args.out).write_text(json.dumps({"train_size": train_size, "accuracy": accuracy, "failed": failed},
+                                             indent=2))
+    if failed:
+        print(f"error: {len(failed)} of {len(failed) + len(rows)} checkpoint(s) not evaluated: "
+              f"{', '.join(failed)}" + (f" (accuracies of the others written to {args.out})" if args.out and rows
+                                        else ""), file=sys.stderr)
+        return 2
     return 0
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,8 +29,8 @@ from .data import DataBundle, build_data
 from .engine import train_scheme
 from .finetune import finetune
 from .finetune import fingerprint as finetune_fingerprint
-from .loaders import EvalLoader, train_sizes
-from .models import build_model, check_schemes, configure_eval, patch_size_of, set_positions
+from .loaders import EvalLoader, TrainLoader, train_sizes
+from .models import build_model, configure_eval, preflight, set_positions
 from .report import write_outputs
 from .results import (
     Accuracy,
@@ -58,7 +59,7 @@ def run_experiment(cfg: ExperimentConfig, log: Log | None = None, command: str |
     t_start = time.time()
     rt = setup(cfg.device, threads=cfg.threads, progress=cfg.progress, train_precision=cfg.train.precision,
                eval_precision=cfg.eval.precision)
-    say = log or (lambda msg: tqdm.write(msg) if rt.is_main else None)
+    say = log or (lambda msg: _say(msg) if rt.is_main else None)
     try:
         if cfg.seeds is None:
             return Experiment(cfg, rt, say).run(t_start, command)
@@ -83,27 +84,12 @@ class Experiment:
 
     def __init__(self, cfg: ExperimentConfig, rt: Runtime, say: Log) -> None:
         self.cfg, self.rt, self.say = cfg, rt, say
-        check_schemes(cfg.schemes)
+        patch = preflight(cfg)  # config_from_dict ran it too; cheap (meta device), and cfg may be built by hand
         self.data: DataBundle = build_data(cfg.data)
-        # build every model (and its evaluation settings) before any training: a bad scheme or option
-        # fails now, not in an hour
-        patch = None
-        for s in cfg.schemes:
-            if s.trains:
-                model = self._model(s)
-                patch = patch_size_of(model)
-                for variant in (v for v in cfg.schemes if v.base == s.name):
-                    configure_eval(model, variant, (cfg.data.img_size // patch,) * 2)
-        assert patch is not None
-        if cfg.data.img_size % patch:
-            raise ValueError(f"data.img_size={cfg.data.img_size} is not a multiple of the patch size {patch}")
         self.sizes = eval_sizes(cfg.eval, cfg.data.img_size, patch)
         self.train_sizes = train_sizes(cfg.train, cfg.data.img_size, patch)
-        for s in cfg.schemes:
-            if s.sizes is not None:
-                train_sizes(scheme_config(cfg, s).train, cfg.data.img_size, patch)
-        if cfg.finetune.size is not None and cfg.finetune.size % patch:
-            raise ValueError(f"finetune.size={cfg.finetune.size} is not a multiple of the patch size {patch}")
+        for bs in {cfg.train.batch_size, cfg.finetune.batch_size or cfg.train.batch_size}:  # checks the data size
+            TrainLoader(self.data, cfg.data, batch_size=bs, seed=cfg.seed, dist=rt.dist)
         self.grid = (cfg.data.img_size // patch, cfg.data.img_size // patch)
         self.loader = EvalLoader(self.data, cfg.data, cfg.eval, seed=cfg.seed, dist=rt.dist, patch_size=patch)
 
@@ -124,7 +110,7 @@ class Experiment:
                  f"{rt.dist.world} process(es)")
         results = RunResult(
             name=cfg.name, train_size=cfg.data.img_size, sizes=self.sizes, protocols=list(cfg.eval.protocols),
-            eval_images=len(self.loader), canvas=_canvas_text(cfg), device=str(rt.device),
+            eval_images=len(self.loader), canvas=self.data.canvas or _canvas_text(cfg), device=str(rt.device),
             processes=rt.dist.world, command=command, schemes={}, config=to_dict(cfg), seeds=[cfg.seed],
         )
         for s in cfg.schemes:
@@ -158,7 +144,7 @@ class Experiment:
                 model = self._load_trained(self.cfg.scheme(s.base))  # type: ignore[arg-type]
             configure_eval(model, s, self.grid)
             acc, skipped = evaluate_model(model, self.loader, self.cfg.eval.protocols, self.sizes, self.rt,
-                                          desc=f"eval {s.name}")
+                                          desc=f"eval {s.name}", log=self.say)
             if self.rt.is_main:
                 _write_cache(folder / "eval.json", fp, acc, skipped)
         result = SchemeResult(s, summary, acc, skipped)
@@ -198,12 +184,18 @@ class Experiment:
         path = scheme_folder(self.cfg.run_dir, base.name) / "checkpoint.pt"
         ck = ckpt_io.load(path)
         if not ck["finished"]:
-            raise RuntimeError(f"{path} is not a finished training run; rerun the config to finish it")
+            raise ckpt_io.CheckpointError(f"{path} is not a finished training run; rerun the config to finish it")
         model = self._model(base)
         model.load_state_dict(ck["model"])
         if base.drope > 0:
             set_positions(model, False)
         return model.to(self.rt.device)
+
+
+def _say(msg: str) -> None:
+    """A log line on stdout, around any progress bar, flushed: a log file (nohup, slurm) gets it at once."""
+    tqdm.write(msg)
+    sys.stdout.flush()
 
 
 def _canvas_text(cfg: ExperimentConfig) -> str:

@@ -79,6 +79,9 @@ def finetune(cfg: ExperimentConfig, scheme: SchemeConfig, model: nn.Module, data
             sched.step()
             sums += stats
             done += 1
+            if rt.lines and cfg.train.log_every and done % cfg.train.log_every == 0:
+                log(f"[{scheme.name}] fine-tune step {done}/{ft.steps} at {ft.size} px: "
+                    f"loss {sums[0] / max(sums[1], 1):.4f}")
             if done == ft.steps:
                 break
         epoch += 1

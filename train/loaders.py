@@ -13,7 +13,7 @@ Evaluation protocols, for an evaluation size S and a training size T:
   random offset): the object and its patches are unchanged, only the grid grows. For S < T the image
   is cropped to S x S instead (centre or random crop), still at training scale. With ``canvas_snap``
   the offset is a multiple of the patch size, so every patch holds exactly the pixels it held in
-  training.
+  training. A generated dataset (``TensorImages.at_size``, the grid tasks) is drawn afresh at S x S.
 """
 
 from __future__ import annotations
@@ -84,12 +84,12 @@ class TrainLoader:
         self.sizes = list(sizes) if sizes is not None else [cfg.img_size]  # drawn from, one per step
         self.global_batch = batch_size
         if batch_size % dist.world:
-            raise ValueError(f"train.batch_size={batch_size} must be divisible by the {dist.world} processes")
+            raise ConfigError(f"batch size {batch_size} must be divisible by the {dist.world} processes")
         self.local_batch = batch_size // dist.world
         self.steps = len(data.train) // batch_size
         if self.steps < 1:
-            raise ValueError(f"train.batch_size={batch_size} is larger than the {len(data.train)} "
-                             "training images; lower it or use more images per class")
+            raise ConfigError(f"batch size {batch_size} (train.batch_size / finetune.batch_size) is larger than the "
+                              f"{len(data.train)} training images; lower it or use more images per class")
 
     def __len__(self) -> int:
         return self.steps
@@ -172,9 +172,13 @@ class EvalLoader:
         if isinstance(ds, TensorImages):
             for step, pos in enumerate(chunks):
                 idx = self.subset[pos]
-                x = ds.images[idx].float().div_(255.0)
-                x = resize(x, size) if protocol == "resize" else self._canvas(resize(x, train_size), pos, size)
-                yield Batch(step, normalize(x, self.data.mean, self.data.std), ds.labels[idx], [])
+                if protocol == "canvas" and ds.at_size is not None:  # a generated set, drawn at this size
+                    drawn = ds.at_size(size)
+                    x, y = drawn.images[idx].float().div_(255.0), drawn.labels[idx]
+                else:
+                    x, y = ds.images[idx].float().div_(255.0), ds.labels[idx]
+                    x = resize(x, size) if protocol == "resize" else self._canvas(resize(x, train_size), pos, size)
+                yield Batch(step, normalize(x, self.data.mean, self.data.std), y, [])
             return
         assert isinstance(ds, FolderImages)
         ds.seed = None

@@ -2,40 +2,52 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import timm
 import torch
 from torch import nn
 
-from .config import ConfigError, ModelConfig, SchemeConfig
+import vispos
 
-TIMM_TABLE = "timm"  # pos name meaning: keep timm's own learned table (dynamic_img_size=True), no patch
-
-
-def _vispos() -> Any:
-    try:
-        import vispos
-    except ImportError as e:  # pragma: no cover - vispos ships with this repo
-        raise ConfigError(f"cannot import vispos ({e}); install the repo with `pip install -e .`") from None
-    return vispos
+from .config import TIMM_TABLE, ConfigError, ExperimentConfig, ModelConfig, SchemeConfig, scheme_config
 
 
-def check_schemes(schemes: list[SchemeConfig]) -> None:
-    """Fail before any training if a scheme name is not registered."""
-    names: list[str] = []
-    for s in schemes:
-        names.extend(p for p in s.pos if p != TIMM_TABLE)
-    if not names:
-        return
-    known = _vispos().list_encodings(ndim=2)
-    for s in schemes:
-        for p in s.pos:
-            if p != TIMM_TABLE and p not in known:
-                raise ConfigError(f"schemes[{s.name}]: unknown 2D scheme {p!r}; known: {', '.join(known)}, "
-                                  f"or {TIMM_TABLE!r} (timm's own table)")
-        if TIMM_TABLE in s.pos and (len(s.pos) > 1 or s.options or s.drope):
-            raise ConfigError(f"schemes[{s.name}]: {TIMM_TABLE!r} stands alone (no combination, options or drope)")
+def preflight(cfg: ExperimentConfig) -> int:
+    """Build each trained entry's model on the meta device (no memory, no weights, no RNG draws),
+    switch on every entry's evaluation settings, and check every size against the patch size: what would
+    otherwise fail only once training has started. Returns the patch size."""
+    d = cfg.data
+    in_chans, num_classes = len(d.mean) if d.mean else 3, d.num_classes or 2  # neither changes what is checked
+
+    def meta_model(scheme: SchemeConfig) -> nn.Module:
+        with warnings.catch_warnings(), torch.device("meta"):
+            warnings.simplefilter("ignore")  # e.g. PretrainedPositionsWarning: shown when the real model is built
+            return build_model(cfg.model, scheme, img_size=d.img_size, num_classes=num_classes, in_chans=in_chans,
+                               seed=None)
+
+    patch = patch_size_of(meta_model(SchemeConfig(name="model", pos=[TIMM_TABLE])))  # timm's model, unpatched
+    if d.img_size % patch:
+        raise ConfigError(f"data.img_size={d.img_size} must be a multiple of the patch size {patch} "
+                          f"(model {cfg.model.name}, model.patch_size={cfg.model.patch_size}), "
+                          f"e.g. {max(patch, d.img_size // patch * patch)}")
+    for s in (s for s in cfg.schemes if s.trains):
+        model = meta_model(s)
+        for entry in (v for v in cfg.schemes if v is s or v.base == s.name):
+            configure_eval(model, entry, (d.img_size // patch,) * 2)
+    from .accuracy import eval_sizes  # accuracy -> loaders -> config
+    from .loaders import train_sizes
+
+    eval_sizes(cfg.eval, d.img_size, patch)
+    train_sizes(cfg.train, d.img_size, patch)
+    for s in (s for s in cfg.schemes if s.sizes is not None):
+        train_sizes(scheme_config(cfg, s).train, d.img_size, patch)
+    size = cfg.finetune.size
+    if size is not None and size % patch:
+        raise ConfigError(f"finetune.size={size} must be a multiple of the patch size {patch}, "
+                          f"e.g. {max(patch, size // patch * patch)} or {(size // patch + 1) * patch}")
+    return patch
 
 
 def timm_kwargs(m: ModelConfig, *, img_size: int, num_classes: int, in_chans: int) -> dict[str, Any]:
@@ -55,22 +67,26 @@ def timm_kwargs(m: ModelConfig, *, img_size: int, num_classes: int, in_chans: in
 
 
 def build_model(m: ModelConfig, scheme: SchemeConfig, *, img_size: int, num_classes: int, in_chans: int,
-                seed: int) -> nn.Module:
-    """timm.create_model with the config's architecture (same seed for every scheme), then vispos.patch."""
+                seed: int | None) -> nn.Module:
+    """timm.create_model with the config's architecture (same seed for every scheme), then vispos.patch.
+
+    ``seed=None`` leaves the global RNG alone (``preflight``'s meta-device models draw nothing)."""
     kwargs = timm_kwargs(m, img_size=img_size, num_classes=num_classes, in_chans=in_chans)
     timm_table = scheme.pos == [TIMM_TABLE]
     if timm_table:
         kwargs.setdefault("dynamic_img_size", True)
-    torch.manual_seed(seed)  # the shared weights are identical for every scheme
+    if seed is not None:
+        torch.manual_seed(seed)  # the shared weights are identical for every scheme
     try:
         model = timm.create_model(m.name, pretrained=False, **kwargs)
     except (TypeError, ValueError, AssertionError, RuntimeError) as e:
         raise ConfigError(f"model: timm.create_model({m.name!r}, {kwargs}) failed: {e}") from None
     if not timm_table:
-        torch.manual_seed(seed + 1)  # the scheme's own parameters, identical across runs
+        if seed is not None:
+            torch.manual_seed(seed + 1)  # the scheme's own parameters, identical across runs
         pos: str | list[str] = scheme.pos[0] if len(scheme.pos) == 1 else list(scheme.pos)
         try:
-            _vispos().patch(model, pos, **scheme.options)
+            vispos.patch(model, pos, **scheme.options)
         except (TypeError, ValueError) as e:
             raise ConfigError(f"schemes[{scheme.name}]: vispos.patch failed: {e}") from None
     return model
@@ -92,11 +108,11 @@ def configure_eval(model: nn.Module, scheme: SchemeConfig, train_grid: tuple[int
     if scheme.log_n_attention:
         kwargs["log_n_attention"] = True
     try:
-        _vispos().configure(model, **kwargs)
+        vispos.configure(model, **kwargs)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"schemes[{scheme.name}]: vispos.configure failed: {e}") from None
 
 
 def set_positions(model: nn.Module, enabled: bool) -> None:
     """DroPE: switch the whole positional scheme off (or back on)."""
-    _vispos().set_position_enabled(model, enabled)
+    vispos.set_position_enabled(model, enabled)

@@ -28,7 +28,8 @@ class Runtime:
     dist: Dist
     train_dtype: torch.dtype | None  # autocast dtype, None: fp32
     eval_dtype: torch.dtype | None
-    progress: bool
+    progress: bool  # progress bars (stderr is a terminal)
+    lines: bool = False  # plain progress lines instead (stderr is a file or pipe: nohup, slurm)
 
     @property
     def is_main(self) -> bool:
@@ -79,8 +80,10 @@ def setup(device: str = "auto", *, threads: int | None = None, progress: bool = 
         torch.set_num_threads(threads)
     if world > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if want_cuda else "gloo", rank=rank, world_size=world)
-    bars = progress and rank == 0 and sys.stderr.isatty()
-    return Runtime(where, Dist(rank, world), _dtype(train_precision, where), _dtype(eval_precision, where), bars)
+    shown = progress and rank == 0
+    bars = shown and sys.stderr.isatty()
+    return Runtime(where, Dist(rank, world), _dtype(train_precision, where), _dtype(eval_precision, where), bars,
+                   lines=shown and not bars)
 
 
 def teardown() -> None:

@@ -169,9 +169,16 @@ def apply_overrides(root: type, data: dict[str, Any], overrides: list[str], hook
         if "=" not in item:
             raise ConfigError(f"override {item!r}: write key=value, e.g. train.lr=1e-3")
         key, raw = item.split("=", 1)
+        if not key.strip():
+            raise ConfigError(f"override {item!r}: no key before '='; write key=value, e.g. train.lr=1e-3")
         path = key.strip().split(".")
         tp = field_type(root, path)
-        value = parse_override_value(raw.strip(), tp)
+        try:
+            value = parse_override_value(raw.strip(), tp)
+        except yaml.YAMLError as e:
+            problem = getattr(e, "problem", None) or type(e).__name__
+            raise ConfigError(f"override {item!r}: {raw.strip()!r} is not a YAML value ({problem}); "
+                              f"expected {type_name(tp)}") from None
         try:
             convert(value, tp, key, hooks)
         except ConfigError as e:
@@ -189,6 +196,10 @@ def apply_overrides(root: type, data: dict[str, Any], overrides: list[str], hook
 def read_yaml(path: str | Path) -> dict[str, Any]:
     """A YAML config file's top-level mapping, with errors that name the file."""
     path = Path(path)
+    if path.is_dir():
+        own = path / "config.yaml"  # a run folder keeps the config that made it
+        hint = f", e.g. {own} (the run folder's own config)" if own.is_file() else " (see configs/)"
+        raise ConfigError(f"config file {path} is a folder; give a YAML file{hint}")
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
     try:
