@@ -1,14 +1,17 @@
 """Speed of patched models against their unpatched baseline, measured in one interleaved run.
 
     python -m benchmarks.patch_overhead [--reps 10] [--batch 8] [--device cpu|cuda] [--json out.json]
+                                        [--schemes rope2d,string2d,...]
 
 For ``vit_small_patch16_224`` at 224 px (random init): the time of a forward pass under
 ``torch.inference_mode()`` (what a user's evaluation sees) and of a training step (forward + backward)
 of the model patched with every 2D scheme, as a ratio to the unpatched timm model, and the SDPA kernel
 each reaches (from the profiler's op names). For comparison, timm's own
 RoPE model (``vit_small_patch16_rope_224``, Eva) and relative-bias model (``vit_relpos_small_patch16_224``)
-against themselves with their positional module removed. Repetitions are interleaved (each round times
-every configuration once) and ratios use per-round medians, so machine noise hits all rows alike.
+against themselves with their positional module removed. ``string2d (folded)``: STRING after
+``fold_string`` (its basis moved into the q/k projections), the form to deploy. Repetitions are
+interleaved (each round times every configuration once) and ratios use per-round medians, so machine
+noise hits all rows alike.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from torch import nn
 
 import vispos
 from vispos.diagnostics.kernels import sdpa_kernels
+from vispos.encodings.rotary_nd import fold_string
 
 MODEL = "vit_small_patch16_224"
 
@@ -42,11 +46,17 @@ def _without_timm_positions(name: str) -> nn.Module:
     return model
 
 
-def configurations() -> dict[str, tuple[str, Callable[[], nn.Module]]]:
-    """label -> (baseline label, builder)."""
+def configurations(schemes: list[str] | None = None) -> dict[str, tuple[str, Callable[[], nn.Module]]]:
+    """label -> (baseline label, builder); ``schemes``: only these vispos schemes (and no timm models)."""
     configs: dict[str, tuple[str, Callable[[], nn.Module]]] = {f"timm {MODEL}": ("", lambda: timm.create_model(MODEL))}
-    for scheme in vispos.list_encodings(ndim=2):
+    for scheme in vispos.list_encodings(ndim=2) if schemes is None else schemes:
         configs[f"vispos {scheme}"] = (f"timm {MODEL}", lambda s=scheme: vispos.create_model(MODEL, pos=s))
+        if scheme == "string2d":  # STRING's basis folded into the q/k projections: RoPE's cost at inference
+            configs["vispos string2d (folded)"] = (
+                f"timm {MODEL}", lambda: fold_string(vispos.create_model(MODEL, pos="string2d"))
+            )  # fmt: skip
+    if schemes is not None:
+        return configs
     for name in ("vit_small_patch16_rope_224", "vit_relpos_small_patch16_224"):
         base = f"{name} without its positions"
         configs[base] = ("", lambda n=name: _without_timm_positions(n))
@@ -64,9 +74,11 @@ def _time(fn: Callable[[], object], device: torch.device) -> float:
     return time.perf_counter() - start
 
 
-def run(reps: int, batch: int, device: torch.device) -> dict[str, dict[str, float]]:
+def run(
+    reps: int, batch: int, device: torch.device, schemes: list[str] | None = None
+) -> dict[str, dict[str, float]]:
     torch.manual_seed(0)
-    configs = configurations()
+    configs = configurations(schemes)
     models = {label: build().to(device) for label, (_, build) in configs.items()}
     x = torch.randn(batch, 3, 224, 224, device=device)
 
@@ -125,9 +137,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--json", default=None, help="also write the results here")
+    parser.add_argument("--schemes", default=None, help="comma-separated vispos schemes to time (default: all, "
+                        "with timm's own RoPE and relative-bias models)")  # fmt: skip
     args = parser.parse_args(argv)
     device = torch.device(args.device)
-    results = run(args.reps, args.batch, device)
+    schemes = None if args.schemes is None else [vispos.get_info(s, 2).name for s in args.schemes.split(",")]
+    results = run(args.reps, args.batch, device, schemes)
     print(f"{MODEL} at 224 px, batch {args.batch}, fp32, {device.type}, {args.reps} interleaved rounds "
           "(forward under torch.inference_mode; training step = forward + backward)")
     print(table(results))

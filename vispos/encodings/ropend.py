@@ -80,7 +80,7 @@ def ropend_angles(coords: torch.Tensor, inv_freqs: Sequence[torch.Tensor], pairs
 @register("ropend", ndim=1, kind="rotary", trainable=False, relative=True, context=("dim",), position_axes=3,
     summary="N-D axial RoPE (video t, h, w; volumes): channel split per axis with presets (vjepa2, wan, "
     "hunyuanvideo)",
-    extrapolation="unseen angles beyond training lengths; linear/ntk/yarn scaling per axis",
+    extrapolation="unseen angles beyond training lengths; RoPE scaling per axis (scale_axes)",
     reference="V-JEPA 2 (Assran et al. 2025); Wan 2.1 (2025); HunyuanVideo (Kong et al. 2024)")
 class RopeNd(nn.Module):
     """Axial RoPE on A axes: ``forward`` takes positions [A, N] / [A, B, N] (integer ids, or any real

@@ -105,8 +105,9 @@ class Rope2dGolden(nn.Module):
 
 @register("string2d", ndim=2, kind="rotary", trainable=True, relative=True, context=("dim", "num_heads"),
     per_layer=True,
-    summary="STRING: 2D RoPE in a learned orthogonal basis per head (Cayley); foldable into q/k at inference",
-    extrapolation="as the RoPE it rotates (freqs: mixed / axial / golden); exactly relative",
+    summary="STRING: 2D RoPE in a learned orthogonal basis per head (Cayley); fold_string moves it into q/k "
+    "(outputs equal, tested)",
+    extrapolation="as the RoPE inside (freqs: mixed / axial / golden); exactly relative (tested)",
     reference="Schenck et al. 2025 (STRING, Cayley-STRING)")
 class String2d(nn.Module):
     """STRING (Schenck et al. 2025): R(p) = P RoPE(p) P^T, P = Cayley(S) orthogonal and learned per head.
