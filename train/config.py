@@ -31,7 +31,9 @@ TIMM_TABLE = "timm"  # pos name meaning: keep timm's own learned table (dynamic_
 class DataConfig:
     """Where the images come from and which subset is used."""
 
-    dataset: Literal["fashion_mnist", "folder"] = "fashion_mnist"
+    # grid_*: generated position tasks (train.grid_tasks); train_per_class / val_per_class count images per class
+    dataset: Literal["fashion_mnist", "folder", "grid_lookup", "grid_direction", "grid_placement", "grid_count",
+                     "grid_lookup_shuffled"] = "fashion_mnist"
     root: str | None = None  # fashion_mnist: folder of the idx .gz files (found automatically if None)
     train_split: str = "train"  # folder: sub-folder of root with one folder per class
     val_split: str = "val"

@@ -1,4 +1,5 @@
-"""Datasets: Fashion-MNIST from Debian's idx files, and ImageNet-style folder trees with subsetting.
+"""Datasets: Fashion-MNIST from Debian's idx files, ImageNet-style folder trees with subsetting, and the
+generated position tasks of ``train.grid_tasks``.
 
 Both give a training set and a validation set with the same class list. Nothing is copied: a folder
 subset is a list of (path, label) pairs chosen from the tree. Fashion-MNIST is held in memory as
@@ -160,6 +161,8 @@ class TensorImages:
 
     images: Tensor
     labels: Tensor
+    # generated datasets: the same set drawn at another image size (px), which the canvas protocol evaluates on
+    at_size: Callable[[int], TensorImages] | None = None
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -232,6 +235,7 @@ class DataBundle:
     mean: tuple[float, ...]
     std: tuple[float, ...]
     background: tuple[float, ...]  # canvas fill per channel in pixel units when eval.canvas_fill is null
+    canvas: str | None = None  # how the canvas protocol draws its images, when the dataset decides (grid tasks)
 
     @property
     def num_classes(self) -> int:
@@ -240,6 +244,13 @@ class DataBundle:
 
 def build_data(cfg: DataConfig) -> DataBundle:
     """Load and subset the configured dataset."""
+    from .grid_tasks import GRID_TASKS, build_grid_data  # grid_tasks imports this module
+
+    if cfg.dataset in GRID_TASKS:
+        class_choice = cfg.classes is not None or cfg.class_file is not None or cfg.num_classes is not None
+        return build_grid_data(dataset=cfg.dataset, img_size=cfg.img_size, train_per_class=cfg.train_per_class,
+                               val_per_class=cfg.val_per_class, augment=cfg.augment, mean=cfg.mean, std=cfg.std,
+                               class_choice=class_choice)
     if cfg.dataset == "fashion_mnist":
         folder = find_fashion_mnist(cfg.root)
         classes = select_classes(FMNIST_CLASSES, cfg)

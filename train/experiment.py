@@ -110,7 +110,7 @@ class Experiment:
                  f"{rt.dist.world} process(es)")
         results = RunResult(
             name=cfg.name, train_size=cfg.data.img_size, sizes=self.sizes, protocols=list(cfg.eval.protocols),
-            eval_images=len(self.loader), canvas=_canvas_text(cfg), device=str(rt.device),
+            eval_images=len(self.loader), canvas=self.data.canvas or _canvas_text(cfg), device=str(rt.device),
             processes=rt.dist.world, command=command, schemes={}, config=to_dict(cfg), seeds=[cfg.seed],
         )
         for s in cfg.schemes:

@@ -13,7 +13,7 @@ Evaluation protocols, for an evaluation size S and a training size T:
   random offset): the object and its patches are unchanged, only the grid grows. For S < T the image
   is cropped to S x S instead (centre or random crop), still at training scale. With ``canvas_snap``
   the offset is a multiple of the patch size, so every patch holds exactly the pixels it held in
-  training.
+  training. A generated dataset (``TensorImages.at_size``, the grid tasks) is drawn afresh at S x S.
 """
 
 from __future__ import annotations
@@ -172,9 +172,13 @@ class EvalLoader:
         if isinstance(ds, TensorImages):
             for step, pos in enumerate(chunks):
                 idx = self.subset[pos]
-                x = ds.images[idx].float().div_(255.0)
-                x = resize(x, size) if protocol == "resize" else self._canvas(resize(x, train_size), pos, size)
-                yield Batch(step, normalize(x, self.data.mean, self.data.std), ds.labels[idx], [])
+                if protocol == "canvas" and ds.at_size is not None:  # a generated set, drawn at this size
+                    drawn = ds.at_size(size)
+                    x, y = drawn.images[idx].float().div_(255.0), drawn.labels[idx]
+                else:
+                    x, y = ds.images[idx].float().div_(255.0), ds.labels[idx]
+                    x = resize(x, size) if protocol == "resize" else self._canvas(resize(x, train_size), pos, size)
+                yield Batch(step, normalize(x, self.data.mean, self.data.std), y, [])
             return
         assert isinstance(ds, FolderImages)
         ds.seed = None

@@ -1,0 +1,249 @@
+"""Position tasks on a grid of glyphs, generated from a seed: datasets whose label needs where things are.
+
+An image is a G x G grid of cells of ``GLYPH`` x ``GLYPH`` pixels (4 px: one cell per patch of a patch-4
+ViT), each cell empty or holding one glyph of a fixed bank. A task is a rule that draws the cells and the
+label; the same rule draws at any grid size, so a larger test image holds more tokens at the training
+scale. Labels are balanced: every class gets exactly ``per_class`` images. Rows grow downwards; offsets
+are (dy, dx) in cells.
+
+- ``grid_lookup`` (2D passkey): every cell holds one of 4 content glyphs except one marker; the label is
+  the glyph at the marker's fixed offset, ``LOOKUP_OFFSETS``: (+2, +2) from a solid marker, (-1, +3)
+  from a ring marker (both diagonal: neither offset lies on an axis). Only the offset tells the target
+  cell from the other 4 of its kind.
+- ``grid_direction``: a solid and a ring marker among sparse distractor glyphs; the label is the direction
+  from the solid to the ring marker in 8 sectors of 45 degrees centred on E, NE, N, NW, W, SW, S, SE
+  (N is up; the diagonal sectors are half the classes).
+- ``grid_placement``: one solid marker among sparse distractors; the label is which of
+  ``PLACEMENT_REGIONS`` x ``PLACEMENT_REGIONS`` equal regions of the image holds it (absolute position,
+  in units of the image side).
+- ``grid_count``: one solid marker, 0-3 content glyphs within Euclidean distance ``COUNT_RADIUS`` cells of
+  it and distractors only farther away; the label is that number (distance without direction).
+- ``grid_lookup_shuffled``: the lookup task's images with their training labels permuted once (a control:
+  nothing to learn, so validation accuracy stays at chance); validation labels are the true ones.
+
+Test large: the canvas protocol evaluates a grid task on images drawn by the same rule at the evaluation
+grid (``TensorImages.at_size``), not on a training-size image padded with background: padding would put
+the objects in the centre of an empty frame (another task: no distractors, and the placement label no
+longer the marker's region). At a larger grid the markers may be farther apart than any training pair
+(direction) and the lookup has more distractors; the offsets the labels depend on are unchanged.
+"""
+
+from __future__ import annotations
+
+import functools
+import zlib
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .data import DataBundle, DataError, TensorImages
+from .seeds import mix_seed
+
+GLYPH = 4  # pixels per cell side
+_ART: dict[str, tuple[str, ...]] = {  # 4 x 4 glyphs, '#' = on
+    "hbar": ("....", "####", "####", "...."),
+    "vbar": (".##.", ".##.", ".##.", ".##."),
+    "diag": ("##..", "###.", ".###", "..##"),
+    "anti": ("..##", ".###", "###.", "##.."),
+    "solid": ("####", "####", "####", "####"),
+    "ring": ("####", "#..#", "#..#", "####"),
+}
+NAMES: tuple[str, ...] = tuple(_ART)
+EMPTY = 0  # cell value of an empty cell; glyph k of NAMES is cell value k + 1
+CONTENT: tuple[int, ...] = tuple(NAMES.index(n) + 1 for n in ("hbar", "vbar", "diag", "anti"))
+SOLID, RING = NAMES.index("solid") + 1, NAMES.index("ring") + 1
+BANK = np.zeros((len(NAMES) + 1, GLYPH, GLYPH), dtype=np.uint8)  # [glyphs + 1, 4, 4], row 0 empty
+for _k, _rows in enumerate(_ART.values()):
+    BANK[_k + 1] = [[255 * (c == "#") for c in row] for row in _rows]
+
+LOOKUP_OFFSETS: dict[int, tuple[int, int]] = {SOLID: (2, 2), RING: (-1, 3)}  # marker -> (dy, dx) of the answer
+DIRECTIONS: tuple[str, ...] = ("E", "NE", "N", "NW", "W", "SW", "S", "SE")
+PLACEMENT_REGIONS = 4  # regions per axis
+COUNT_RADIUS = 2.0  # cells, Euclidean
+COUNT_MAX = 3
+DISTRACTORS = 0.15  # fraction of the free cells holding a content glyph (direction, placement, count)
+
+Cells = np.ndarray  # [N, G, G] int64 cell values (EMPTY, or a glyph's value)
+
+
+def render(cells: Cells) -> Tensor:
+    """Cell values [N, G, G] -> uint8 images [N, 1, G * GLYPH, G * GLYPH]."""
+    n, g, _ = cells.shape
+    pix = BANK[cells]  # [N, G, G, 4, 4]
+    pix = pix.transpose(0, 1, 3, 2, 4).reshape(n, g * GLYPH, g * GLYPH)  # [N, G*4, G*4]
+    return torch.from_numpy(np.ascontiguousarray(pix)).unsqueeze(1)
+
+
+def balanced_labels(rng: np.random.Generator, classes: int, per_class: int) -> np.ndarray:
+    """[classes * per_class] labels, each class exactly ``per_class`` times, in random order."""
+    return rng.permutation(np.repeat(np.arange(classes), per_class))
+
+
+def _distractors(rng: np.random.Generator, cells: Cells, free: np.ndarray) -> None:
+    """Put random content glyphs on a ``DISTRACTORS`` fraction of the cells where ``free`` [N, G, G] holds."""
+    on = free & (rng.random(cells.shape) < DISTRACTORS)
+    cells[on] = np.asarray(CONTENT)[rng.integers(0, len(CONTENT), cells.shape)][on]
+
+
+def lookup_cells(rng: np.random.Generator, labels: np.ndarray, grid: int) -> Cells:
+    """Every cell a content glyph; one marker; the glyph at the marker's offset is CONTENT[label]."""
+    n = len(labels)
+    if grid <= max(max(abs(dy), abs(dx)) for dy, dx in LOOKUP_OFFSETS.values()):
+        raise DataError(f"grid_lookup needs a grid larger than its offsets {list(LOOKUP_OFFSETS.values())}, "
+                        f"got {grid} x {grid} cells")
+    cells = np.asarray(CONTENT)[rng.integers(0, len(CONTENT), (n, grid, grid))]
+    markers = np.asarray(list(LOOKUP_OFFSETS))[rng.integers(0, len(LOOKUP_OFFSETS), n)]
+    off = np.asarray([LOOKUP_OFFSETS[m] for m in markers.tolist()]).reshape(n, 2)  # [N, 2] (dy, dx)
+    lo, hi = np.maximum(0, -off), grid - np.maximum(0, off)  # marker range keeping the answer inside
+    at = lo + (rng.random((n, 2)) * (hi - lo)).astype(np.int64)  # [N, 2] marker (y, x)
+    rows = np.arange(n)
+    cells[rows, at[:, 0], at[:, 1]] = markers
+    cells[rows, at[:, 0] + off[:, 0], at[:, 1] + off[:, 1]] = np.asarray(CONTENT)[labels]
+    return cells
+
+
+def direction_sector(dy: np.ndarray, dx: np.ndarray) -> np.ndarray:
+    """Sector index (DIRECTIONS) of the offset (dy, dx), rows down: 0 = E, 2 = N (up), 4 = W, 6 = S."""
+    angle = np.arctan2(-dy, dx)  # counter-clockwise from E, y up
+    return np.round(angle / (np.pi / 4)).astype(np.int64) % 8
+
+
+def direction_cells(rng: np.random.Generator, labels: np.ndarray, grid: int) -> Cells:
+    """A solid and a ring marker whose direction (solid -> ring) is the label's sector; sparse distractors."""
+    n = len(labels)
+    a, b = np.zeros((n, 2), np.int64), np.zeros((n, 2), np.int64)
+    todo = np.arange(n)
+    while len(todo):  # rejection: about 8 rounds per sample
+        pa, pb = rng.integers(0, grid, (len(todo), 2)), rng.integers(0, grid, (len(todo), 2))
+        d = pb - pa
+        ok = np.any(d != 0, axis=1) & (direction_sector(d[:, 0], d[:, 1]) == labels[todo])
+        a[todo[ok]], b[todo[ok]] = pa[ok], pb[ok]
+        todo = todo[~ok]
+    cells = np.full((n, grid, grid), EMPTY, dtype=np.int64)
+    rows = np.arange(n)
+    free = np.ones_like(cells, dtype=bool)
+    free[rows, a[:, 0], a[:, 1]] = free[rows, b[:, 0], b[:, 1]] = False
+    _distractors(rng, cells, free)
+    cells[rows, a[:, 0], a[:, 1]], cells[rows, b[:, 0], b[:, 1]] = SOLID, RING
+    return cells
+
+
+def region_of(index: np.ndarray, grid: int, regions: int) -> np.ndarray:
+    """Region (0..regions-1) along one axis of cell ``index``: where the cell's centre falls in the side."""
+    return (regions * (2 * index + 1)) // (2 * grid)
+
+
+def placement_cells(rng: np.random.Generator, labels: np.ndarray, grid: int) -> Cells:
+    """One solid marker in region ``label`` (row-major over PLACEMENT_REGIONS^2); sparse distractors."""
+    r = PLACEMENT_REGIONS
+    if grid < r:
+        raise DataError(f"grid_placement needs at least {r} x {r} cells (one per region), got {grid} x {grid}")
+    n = len(labels)
+    axis_region = region_of(np.arange(grid), grid, r)  # [G]
+    start = np.searchsorted(axis_region, np.arange(r))  # first cell of each region (regions are contiguous)
+    count = np.bincount(axis_region, minlength=r)
+    want = np.stack([labels // r, labels % r], axis=1)  # [N, 2] region (row, column)
+    at = start[want] + (rng.random((n, 2)) * count[want]).astype(np.int64)  # [N, 2] marker (y, x)
+    cells = np.full((n, grid, grid), EMPTY, dtype=np.int64)
+    rows = np.arange(n)
+    free = np.ones_like(cells, dtype=bool)
+    free[rows, at[:, 0], at[:, 1]] = False
+    _distractors(rng, cells, free)
+    cells[rows, at[:, 0], at[:, 1]] = SOLID
+    return cells
+
+
+def count_cells(rng: np.random.Generator, labels: np.ndarray, grid: int) -> Cells:
+    """One solid marker, ``label`` content glyphs within COUNT_RADIUS of it, distractors only beyond."""
+    n = len(labels)
+    if grid < 3:
+        raise DataError(f"grid_count needs at least 3 x 3 cells, got {grid} x {grid}")
+    at = rng.integers(0, grid, (n, 2))  # [N, 2] marker (y, x)
+    ys, xs = np.meshgrid(np.arange(grid), np.arange(grid), indexing="ij")  # [G, G]
+    d2 = (ys[None] - at[:, 0, None, None]) ** 2 + (xs[None] - at[:, 1, None, None]) ** 2  # [N, G, G]
+    near = (d2 > 0) & (d2 <= COUNT_RADIUS**2)  # [N, G, G]
+    # the label's number of near cells, chosen uniformly: the smallest random keys among the near cells
+    keys = np.where(near, rng.random(d2.shape), np.inf).reshape(n, -1)
+    rank = np.argsort(np.argsort(keys, axis=1), axis=1).reshape(d2.shape)
+    chosen = near & (rank < labels[:, None, None])
+    cells = np.full((n, grid, grid), EMPTY, dtype=np.int64)
+    _distractors(rng, cells, d2 > COUNT_RADIUS**2)
+    cells[chosen] = np.asarray(CONTENT)[rng.integers(0, len(CONTENT), int(chosen.sum()))]
+    cells[np.arange(n), at[:, 0], at[:, 1]] = SOLID
+    return cells
+
+
+_TASKS: dict[str, tuple[list[str], Callable[[np.random.Generator, np.ndarray, int], Cells]]] = {
+    "grid_lookup": ([NAMES[v - 1] for v in CONTENT], lookup_cells),
+    "grid_direction": (list(DIRECTIONS), direction_cells),
+    "grid_placement": ([f"r{i}c{j}" for i in range(PLACEMENT_REGIONS) for j in range(PLACEMENT_REGIONS)],
+                       placement_cells),
+    "grid_count": ([str(k) for k in range(COUNT_MAX + 1)], count_cells),
+}
+CONTROLS: dict[str, str] = {"grid_lookup_shuffled": "grid_lookup"}  # control -> the task whose images it uses
+GRID_TASKS: tuple[str, ...] = (*_TASKS, *CONTROLS)
+TRAIN_SEED, VAL_SEED = 0, 1  # generator seeds of the two splits (mixed with the task name and the grid)
+DEFAULT_IMAGES = {"train": 6400, "val": 320}  # per split when data.*_per_class is null: the same for every task
+
+
+def classes_of(task: str) -> list[str]:
+    """The class names of a grid task (a control has its task's classes)."""
+    return list(_TASKS[CONTROLS.get(task, task)][0])
+
+
+@functools.lru_cache(maxsize=32)
+def generate(task: str, *, grid: int, per_class: int, seed: int) -> tuple[Tensor, Tensor]:
+    """Images uint8 [N, 1, grid * GLYPH, grid * GLYPH] and labels int64 [N] of ``task`` (not a control),
+    ``per_class`` per class, a function of (task, grid, per_class, seed) only. Cached: callers never modify
+    the tensors."""
+    if task not in _TASKS:
+        raise DataError(f"unknown grid task {task!r}; known: {', '.join(_TASKS)}")
+    names, draw = _TASKS[task]
+    rng = np.random.default_rng(mix_seed(zlib.crc32(task.encode()), grid, seed))
+    labels = balanced_labels(rng, len(names), per_class)
+    cells = draw(rng, labels, grid)
+    return render(cells), torch.from_numpy(labels).long()
+
+
+def grid_of(size: int, where: str) -> int:
+    """The grid (cells per side) of an image of ``size`` px; sizes must be whole cells."""
+    if size < GLYPH or size % GLYPH:
+        raise DataError(f"{where}: grid tasks draw {GLYPH} px cells, so image sizes are positive multiples of "
+                        f"{GLYPH} px, got {size}")
+    return size // GLYPH
+
+
+def _val_at(task: str, per_class: int, size: int) -> TensorImages:
+    images, labels = generate(task, grid=grid_of(size, "evaluation size"), per_class=per_class, seed=VAL_SEED)
+    return TensorImages(images, labels)
+
+
+def build_grid_data(*, dataset: str, img_size: int, train_per_class: int | None, val_per_class: int | None,
+                    augment: str, mean: list[float] | None, std: list[float] | None,
+                    class_choice: bool) -> DataBundle:
+    """The training and validation sets of a grid task at ``img_size`` px; the validation set redraws
+    itself at any evaluation size (``at_size``, the canvas protocol)."""
+    if dataset not in GRID_TASKS:
+        raise DataError(f"unknown grid task {dataset!r}; known: {', '.join(GRID_TASKS)}")
+    if augment != "none":
+        raise DataError(f"data.augment={augment!r}: grid tasks take no augmentation (a flip or crop changes the "
+                        "answer: direction, region, offset); accepted: none")
+    if class_choice:
+        raise DataError("data.classes / class_file / num_classes: a grid task's classes are fixed by the task")
+    task = CONTROLS.get(dataset, dataset)
+    grid = grid_of(img_size, "data.img_size")
+    classes = classes_of(dataset)
+    n_train = train_per_class or max(1, DEFAULT_IMAGES["train"] // len(classes))
+    n_val = val_per_class or max(1, DEFAULT_IMAGES["val"] // len(classes))
+    images, labels = generate(task, grid=grid, per_class=n_train, seed=TRAIN_SEED)
+    if dataset in CONTROLS:  # the control: labels permuted once, independently of the images
+        rng = np.random.default_rng(mix_seed(zlib.crc32(dataset.encode()), grid))
+        labels = labels[torch.from_numpy(rng.permutation(len(labels)))]
+    val = _val_at(task, n_val, img_size)
+    val.at_size = functools.partial(_val_at, task, n_val)
+    canvas = (f"a new validation set drawn by the {task} rule at each evaluation grid ({GLYPH} px cells, the "
+              "training scale; more cells, not a padded training-size image)")
+    return DataBundle(TensorImages(images, labels), val, classes, 1, tuple(mean or (0.5,)),
+                      tuple(std or (0.5,)), background=(0.0,), canvas=canvas)
