@@ -101,6 +101,8 @@ def fingerprint(cfg: ExperimentConfig, scheme: SchemeConfig) -> dict[str, Any]:
     cfg = scheme_config(cfg, scheme)
     data = {k: v for k, v in to_dict(cfg.data).items() if k != "workers"}
     train = {k: v for k, v in to_dict(cfg.train).items() if k not in ("checkpoint_every", "compile", "log_every")}
+    if not cfg.train.ema:  # the EMA settings matter only when it is on (runs made before it keep their fingerprint)
+        train = {k: v for k, v in train.items() if not k.startswith("ema")}
     sch = {k: v for k, v in to_dict(scheme).items() if k in ("pos", "options", "drope")}
     return {"seed": cfg.seed, "data": data, "model": to_dict(cfg.model), "train": train, "scheme": sch}
 

@@ -108,6 +108,12 @@ class TrainConfig:
     checkpoint_every: int = 100  # steps between mid-epoch checkpoints (0: only at epoch ends)
     log_every: int = 50  # steps between plain progress lines when stderr is not a terminal (0: none)
     val_every_epoch: bool = True  # accuracy at the training resolution after each epoch (CSV log)
+    # EMA of the weights (timm.utils.ModelEmaV3), updated after every optimiser step and saved in the checkpoint
+    # (a resumed run continues it exactly). Off by default: on, the run's evaluation, its per-epoch val acc and
+    # fine-tune-at-target use the EMA weights instead of the last step's (results.json: train.weights "ema").
+    ema: bool = False
+    ema_decay: float = 0.9998  # timm train.py's default; DeiT: 0.99996
+    ema_warmup: bool = True  # timm's warm-up: decay min(ema_decay, 1 - (1 + step) ** -2/3); short runs need it
     # multi-resolution training (FlexiViT / NaViT style): one size per step, the same for the whole batch,
     # drawn from (seed, epoch, step) only; every size <= data.img_size and a multiple of the patch size
     sizes: list[int] | None = None  # the set to draw from (px), e.g. [16, 20, 24, 28]
@@ -286,6 +292,7 @@ def _validate_ranges(cfg: ExperimentConfig) -> None:
         ("train.weight_decay", t.weight_decay, t.weight_decay >= 0, ">= 0"),
         ("train.grad_clip", t.grad_clip, positive_or_null(t.grad_clip), "> 0, or null (no clipping)"),
         ("train.label_smoothing", t.label_smoothing, 0 <= t.label_smoothing < 1, "in [0, 1)"),
+        ("train.ema_decay", t.ema_decay, 0 < t.ema_decay < 1, "in (0, 1)"),
         ("model.patch_size", m.patch_size, positive_or_null(m.patch_size), ">= 1, or null (the model's own)"),
         ("model.embed_dim", m.embed_dim, positive_or_null(m.embed_dim), ">= 1, or null (the model's own)"),
         ("model.depth", m.depth, positive_or_null(m.depth), ">= 1, or null (the model's own)"),

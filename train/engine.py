@@ -1,7 +1,7 @@
-"""Training one scheme: checkpoints, exact resume, DroPE, multi-resolution steps, NaN guard, per-epoch CSV log.
+"""Training one scheme: checkpoints, exact resume, DroPE, multi-resolution steps, EMA, NaN guard, per-epoch CSV log.
 
-``SchemeTrainer`` holds what one scheme's training needs (model, optimiser, schedule, loader) and where
-it stands (``Progress``); a checkpoint stores both, so a killed run resumes at the step it stopped.
+``SchemeTrainer`` holds what one scheme's training needs (model, its EMA, optimiser, schedule, loader) and
+where it stands (``Progress``); a checkpoint stores both, so a killed run resumes at the step it stopped.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from timm.utils import ModelEmaV3
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
@@ -44,7 +45,7 @@ class StopRequested(RuntimeError):
 
 @dataclass
 class TrainResult:
-    model: nn.Module  # the trained weights, positions switched off for a DroPE entry
+    model: nn.Module  # the weights to evaluate (their EMA with train.ema), positions switched off for a DroPE entry
     summary: TrainSummary
 
 
@@ -113,6 +114,9 @@ class SchemeTrainer:
         self.path = folder / "checkpoint.pt"
         self.model = build_model(cfg.model, scheme, img_size=cfg.data.img_size, num_classes=data.num_classes,
                                  in_chans=data.in_chans, seed=cfg.seed).to(rt.device)
+        # timm's EMA (as train.py --model-ema), a copy of the model averaged after every optimiser step
+        self.ema = ModelEmaV3(self.model, decay=cfg.train.ema_decay, use_warmup=cfg.train.ema_warmup) \
+            if cfg.train.ema else None
         self.opt = make_optimizer(self.model, cfg.train)
         sizes = train_sizes(cfg.train, cfg.data.img_size, patch_size_of(self.model))
         self.loader = TrainLoader(data, cfg.data, batch_size=cfg.train.batch_size, seed=cfg.seed, dist=rt.dist,
@@ -142,12 +146,14 @@ class SchemeTrainer:
                 "set resume=false to start it over, or choose another out_dir"
             )
         self.model.load_state_dict(ck["model"])
+        if self.ema is not None:  # the fingerprint includes train.ema: the checkpoint holds the EMA
+            self.ema.module.load_state_dict(ck["ema"])
         pos = ck["position"]
         self.progress = Progress(pos["epoch"], pos["step"], list(ck["epoch_sums"]), list(ck["history"]),
                                  int(ck["skipped"]), float(ck["seconds"]), [int(s) for s in ck["sizes_drawn"]])
         if ck["finished"]:  # the weights are all that is needed
             if self.drope_start is not None:
-                set_positions(self.model, False)
+                self._positions_off()
             return True
         self.opt.load_state_dict(ck["optimizer"])
         self.sched.load_state_dict(ck["scheduler"])
@@ -163,6 +169,7 @@ class SchemeTrainer:
         if self.rt.is_main:
             ckpt_io.atomic_save({
                 "format": ckpt_io.FORMAT, "model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
+                "ema": None if self.ema is None else self.ema.module.state_dict(),
                 "scheduler": self.sched.state_dict(), "rng": ckpt_io.rng_state(),
                 "position": {"epoch": epoch, "step": step, "global_step": epoch * self.steps + step},
                 "epoch_sums": list(p.sums), "history": p.history, "skipped": p.skipped, "finished": finished,
@@ -197,8 +204,7 @@ class SchemeTrainer:
         cfg, rt = self.cfg, self.rt
         gstep = epoch * self.steps + batch.step
         if self.drope_start is not None and gstep >= self.drope_start and self.positions_on:
-            set_positions(self.model, False)
-            self.positions_on = False
+            self._positions_off()
         seed_everything(mix_seed(cfg.seed, gstep, rt.dist.rank, modulus=2**31))  # dropout, mixup: per step
         x, y = batch.x.to(rt.device, non_blocking=True), batch.y.to(rt.device, non_blocking=True)
         target = y
@@ -223,6 +229,8 @@ class SchemeTrainer:
                 raise NonFiniteLossError(self._nan_message("gradient norm", norm.item(), epoch, batch.step))
         self.opt.step()
         self.sched.step()
+        if self.ema is not None:
+            self.ema.update(self.model, step=gstep + 1)  # as timm's train.py: the number of updates so far
         self.progress.sums = [a + b for a, b in zip(self.progress.sums, stats.tolist(), strict=True)]
         self.progress.skipped += len(batch.skipped)
         self.progress.drawn.append(batch.x.shape[-1])
@@ -232,7 +240,7 @@ class SchemeTrainer:
         p, epochs = self.progress, self.cfg.train.epochs
         val = None
         if eval_loader is not None:
-            val = top1(self.model, eval_loader, "resize", self.cfg.data.img_size, self.rt)[0]
+            val = top1(self.evaluated, eval_loader, "resize", self.cfg.data.img_size, self.rt)[0]
         loss_sum, correct, n = p.sums
         row = {
             "epoch": epoch + 1, "step": (epoch + 1) * self.steps, "lr": self.opt.param_groups[0]["lr"],
@@ -242,7 +250,7 @@ class SchemeTrainer:
         }
         p.history.append(row)
         p.sums = [0.0, 0.0, 0.0]
-        val_txt = f", val acc {val:.2f}" if val is not None else ""
+        val_txt = f", val acc{' (EMA)' if self.ema is not None else ''} {val:.2f}" if val is not None else ""
         skipped_txt = f", skipped {p.skipped}" if p.skipped else ""
         self.log(f"[{self.scheme.name}] epoch {epoch + 1}/{epochs}: loss {row['train_loss']:.4f}, train acc "
                  f"{row['train_acc']:.2f}{val_txt}{skipped_txt} ({row['seconds']} s)")
@@ -281,6 +289,17 @@ class SchemeTrainer:
             self._end_epoch(epoch, eval_loader)
         return self._result()
 
+    @property
+    def evaluated(self) -> nn.Module:
+        """The weights evaluated: the EMA's with train.ema, else the model's own."""
+        return self.model if self.ema is None else self.ema.module
+
+    def _positions_off(self) -> None:
+        """DroPE: the scheme switched off in the model and its EMA."""
+        for model in (self.model, *([] if self.ema is None else [self.ema.module])):
+            set_positions(model, False)
+        self.positions_on = False
+
     def _progress_line(self, epoch: int, step: int, done: int) -> None:
         """A plain line for a log file (nohup, slurm), where tqdm's bar is not shown."""
         p = self.progress
@@ -293,8 +312,9 @@ class SchemeTrainer:
         last = p.history[-1] if p.history else {}
         summary = TrainSummary(seconds=self._seconds(), epochs=self.cfg.train.epochs,
                                train_loss=last.get("train_loss"), train_acc=last.get("train_acc"),
-                               val_acc=last.get("val_acc"), skipped_images=p.skipped, history=p.history)
-        return TrainResult(self.model, summary)
+                               val_acc=last.get("val_acc"), skipped_images=p.skipped, history=p.history,
+                               weights="final" if self.ema is None else "ema")
+        return TrainResult(self.evaluated, summary)
 
     def _nan_message(self, what: str, value: float, epoch: int, step: int) -> str:
         kept = "no checkpoint was written yet"

@@ -76,7 +76,8 @@ def non_finite(state: dict[str, Any]) -> list[str]:
 def evaluate_checkpoint(path: Path, args: argparse.Namespace) -> tuple[str, Accuracy, int]:
     """Rebuild the model of a trainer checkpoint and evaluate it; (row label, accuracies, train size)."""
     ck = ckpt_io.load(path, required=("model", "config", "scheme"))
-    bad = non_finite(ck["model"])
+    weights = ck["model"] if ck.get("ema") is None else ck["ema"]  # a run with train.ema is evaluated on its EMA
+    bad = non_finite(weights)
     if bad:
         print(f"warning: {path} holds non-finite weights ({len(bad)} tensors, e.g. {bad[0]}); "
               "its accuracies are not meaningful", file=sys.stderr)
@@ -105,7 +106,7 @@ def evaluate_checkpoint(path: Path, args: argparse.Namespace) -> tuple[str, Accu
     model = build_model(cfg.model, trained, img_size=cfg.data.img_size, num_classes=len(classes),
                         in_chans=int(ck.get("in_chans", data.in_chans)), seed=cfg.seed)
     try:
-        model.load_state_dict(ck["model"])
+        model.load_state_dict(weights)
     except (RuntimeError, ValueError) as e:  # e.g. a checkpoint of another vispos version
         raise CheckpointError(f"{path}: the weights do not fit the model its config builds: {e}") from None
     model.to(rt.device)
@@ -118,7 +119,7 @@ def evaluate_checkpoint(path: Path, args: argparse.Namespace) -> tuple[str, Accu
     sizes = eval_sizes(cfg.eval, cfg.data.img_size, patch)
     acc, _ = evaluate_model(model, loader, cfg.eval.protocols, sizes, rt, desc=scheme.name,
                             log=lambda msg: print(msg, flush=True))
-    return scheme.name, acc, cfg.data.img_size
+    return scheme.name + (" (EMA)" if weights is not ck["model"] else ""), acc, cfg.data.img_size
 
 
 def main(argv: list[str] | None = None) -> int:

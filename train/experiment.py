@@ -186,7 +186,7 @@ class Experiment:
         if not ck["finished"]:
             raise ckpt_io.CheckpointError(f"{path} is not a finished training run; rerun the config to finish it")
         model = self._model(base)
-        model.load_state_dict(ck["model"])
+        model.load_state_dict(ck["model"] if ck.get("ema") is None else ck["ema"])  # the EMA's with train.ema
         if base.drope > 0:
             set_positions(model, False)
         return model.to(self.rt.device)

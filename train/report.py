@@ -148,7 +148,8 @@ def write_outputs(results: RunResult, run_dir: Path) -> str:
     finetune = format_finetune(results)
     if finetune:
         tables += "\n" + finetune
-    sizes = results.config.get("train", {}).get("sizes") or results.config.get("train", {}).get("size_range")
+    train_cfg = results.config.get("train", {})
+    sizes = train_cfg.get("sizes") or train_cfg.get("size_range")
     seeds = results.seeds or [results.config.get("seed", 0)]
     multires = {name: r for name, r in results.schemes.items() if r.scheme.sizes}
     augmented = {name: r for name, r in results.schemes.items() if r.scheme.augment}
@@ -162,6 +163,9 @@ def write_outputs(results: RunResult, run_dir: Path) -> str:
            else f"Seed {seeds[0]}. ")
         + f"Evaluated on {results.eval_images} validation images. Canvas: {results.canvas}.",
         "",
+        *([f"Evaluated weights: the EMA of the training weights (timm ModelEmaV3, decay {train_cfg['ema_decay']}"
+           f"{', with its warm-up' if train_cfg.get('ema_warmup') else ''}), also for the val acc column and the "
+           "fine-tune phase's start.", ""] if train_cfg.get("ema") else []),
         *([f"Multi-resolution entries (one size per step, none above {results.train_size} px): "
            + ", ".join(f"{name} {r.scheme.sizes}" for name, r in multires.items()) + ".", ""] if multires else []),
         *([f"Entries with their own augmentation (data.augment: {results.config['data']['augment']}): "

@@ -38,6 +38,7 @@ class TrainSummary:
     val_acc: float | None  # at the training size after the last epoch (train.val_every_epoch)
     skipped_images: int
     history: list[dict[str, Any]]
+    weights: str = "final"  # what was evaluated: "final" (the last step's weights) or "ema" (their EMA, train.ema)
 
 
 @dataclass
