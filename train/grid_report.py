@@ -1,0 +1,183 @@
+"""``python -m train.grid_report --config configs/grid_tasks_quick.yaml``: one config run on every grid task,
+then one report across the tasks.
+
+Each task is the config with ``data.dataset`` set to it, run by the trainer as any other config (its run
+folder ``runs/<name>/<task>`` holds the usual results.md, results.json, accuracy.png and checkpoints; a
+rerun reuses finished schemes). The shuffled-label control runs the lookup images with permuted training
+labels, for the entries named by ``--control-schemes`` only. The report (``--out``) holds results.md (the
+task x scheme table per protocol, at every evaluation grid), results.json (every task's results) and
+accuracy.png (accuracy against grid size, one panel per task, one row per protocol).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from .config import ConfigError, load_config
+from .data import DataError
+from .experiment import run_experiment
+from .grid_tasks import CONTROLS, GLYPH, classes_of
+from .results import RunResult
+
+TASKS: tuple[str, ...] = ("grid_lookup", "grid_direction", "grid_placement", "grid_count")
+PROTOCOL_ORDER = ("canvas", "resize")
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m train.grid_report", description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", required=True, help="YAML experiment config (configs/grid_tasks*.yaml)")
+    p.add_argument("--tasks", nargs="+", default=[*TASKS, *CONTROLS], choices=[*TASKS, *CONTROLS])
+    p.add_argument("--control-schemes", nargs="+", default=["rope2d"],
+                   help="entries trained on a control task (default: rope2d, which learns the lookup)")
+    p.add_argument("--out", default=None, help="report folder (default: the run folder runs/<name>)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides for every task")
+    return p.parse_args(argv)
+
+
+def run_tasks(args: argparse.Namespace) -> tuple[dict[str, RunResult], Path]:
+    """Run the config on each task; returns the results per task and the parent run folder."""
+    results: dict[str, RunResult] = {}
+    run_dir: Path | None = None
+    quiet = ["progress=false"] if args.quiet else []
+    for task in args.tasks:
+        base = load_config(args.config, [*args.overrides, *quiet])
+        run_dir = base.run_dir
+        extra = [f"data.dataset={task}", f"name={base.name}_{task}", f"out_dir={base.run_dir / task}"]
+        if task in CONTROLS:
+            entries = [s.name for s in base.schemes if s.name in args.control_schemes]
+            if not entries:
+                raise ConfigError(f"--control-schemes {args.control_schemes}: none is an entry of {args.config}")
+            extra.append(f"schemes=[{','.join(entries)}]")
+        cfg = load_config(args.config, [*args.overrides, *quiet, *extra])
+        words = ["python -m train --config", args.config, *args.overrides, *extra]
+        results[task] = run_experiment(cfg, command=" ".join(shlex.quote(w) if " " in w else w for w in words))
+    assert run_dir is not None
+    return results, run_dir
+
+
+def _cell(r: RunResult, scheme: str, protocol: str, size: int) -> str:
+    entry = r.schemes[scheme]
+    values = [s.accuracy[protocol][size] for s in entry.per_seed.values()] or [entry.accuracy[protocol][size]]
+    if len(values) < 2:
+        return f"{values[0]:.1f}"
+    return f"{statistics.fmean(values):.1f} ± {statistics.stdev(values):.1f}"
+
+
+def format_report(results: dict[str, RunResult], command: str, seconds: float) -> str:
+    """Markdown: per protocol, one table per task (scheme x grid), then the headline table."""
+    first = next(iter(results.values()))
+    seeds = first.seeds
+    lines = [
+        "# Grid tasks: accuracy against grid size",
+        "",
+        f"Made by `{command}` in {seconds:.0f} s ({first.device}). Trained at a {first.train_size // GLYPH} x "
+        f"{first.train_size // GLYPH} grid ({first.train_size} px, {GLYPH} px cells = patches); "
+        + (f"mean ± sample std over seeds {', '.join(map(str, seeds))}; " if len(seeds) > 1 else f"seed {seeds[0]}; ")
+        + "top-1 %. canvas: a new image drawn by the task's rule at the evaluation grid (same cell size, more "
+        "cells); resize: the training-grid image resized (same content, larger cells).",
+        "",
+    ]
+    for protocol in PROTOCOL_ORDER:
+        if protocol not in first.protocols:
+            continue
+        lines += [f"## {protocol}", ""]
+        for task, r in results.items():
+            chance = 100.0 / len(classes_of(task))
+            head = [f"{s // GLYPH}x{s // GLYPH}{' (train)' if s == r.train_size else ''}" for s in r.sizes]
+            lines += [f"### {task} ({len(classes_of(task))} classes, chance {chance:.1f})", "",
+                      "| scheme | " + " | ".join(head) + " |", "| --- |" + " ---: |" * len(head)]
+            for name in r.schemes:
+                lines.append(f"| {name} | " + " | ".join(_cell(r, name, protocol, s) for s in r.sizes) + " |")
+            lines.append("")
+    tasks = [t for t in results if t not in CONTROLS]
+    if "canvas" in first.protocols and tasks:
+        sizes = first.sizes
+        top = [s for s in sizes if s != first.train_size][-2:]  # 2x and 4x
+        cols = [f"{t.removeprefix('grid_')} {s // GLYPH}x{s // GLYPH}" for t in tasks for s in [first.train_size, *top]]
+        lines += ["## headline: canvas, training grid and the two largest grids", "",
+                  "| scheme | " + " | ".join(cols) + " |", "| --- |" + " ---: |" * len(cols)]
+        for name in first.schemes:
+            cells = [_cell(results[t], name, "canvas", s) if name in results[t].schemes else "–"
+                     for t in tasks for s in [first.train_size, *top]]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(results: dict[str, RunResult], path: Path) -> None:
+    """Accuracy against grid size: one column per task, one row per protocol; chance as a grey line."""
+    from matplotlib import colormaps
+    from matplotlib.figure import Figure
+
+    first = next(iter(results.values()))
+    protocols = [p for p in PROTOCOL_ORDER if p in first.protocols]
+    names = list(dict.fromkeys(n for r in results.values() for n in r.schemes))
+    colors = colormaps["tab20" if len(names) > 10 else "tab10"]
+    fig = Figure(figsize=(3.3 * len(results) + 1.8, 3.0 * len(protocols) + 0.6))
+    axes = fig.subplots(len(protocols), len(results), squeeze=False, sharey=True)
+    for row, protocol in enumerate(protocols):
+        for col, (task, r) in enumerate(results.items()):
+            ax = axes[row][col]
+            grids = [s // GLYPH for s in r.sizes]
+            for name, entry in r.schemes.items():
+                ys = [entry.accuracy[protocol][s] for s in r.sizes]
+                color = colors(names.index(name) % colors.N)
+                ax.plot(grids, ys, "--" if entry.scheme.base else "-", marker="o", markersize=3, color=color,
+                        label=name)
+                if entry.accuracy_std:
+                    err = [entry.accuracy_std[protocol][s] for s in r.sizes]
+                    ax.fill_between(grids, [y - e for y, e in zip(ys, err, strict=True)],
+                                    [y + e for y, e in zip(ys, err, strict=True)], color=color, alpha=0.12, lw=0)
+            ax.axhline(100.0 / len(classes_of(task)), color="grey", lw=0.8, ls=":")
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(grids, [str(g) for g in grids])
+            ax.minorticks_off()
+            ax.set_title(f"{task.removeprefix('grid_')} ({protocol})", fontsize=9)
+            ax.grid(alpha=0.3)
+            if row == len(protocols) - 1:
+                ax.set_xlabel(f"grid (cells per side), trained at {r.train_size // GLYPH}")
+        axes[row][0].set_ylabel("top-1 accuracy (%)")
+    handles, labels = [], []
+    for ax in axes.flat:
+        for h, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            if label not in labels:
+                handles.append(h)
+                labels.append(label)
+    fig.legend(handles, labels, loc="center right", fontsize=8, frameon=False)
+    seeds = f"mean ± std over {len(first.seeds)} seeds; " if len(first.seeds) > 1 else ""
+    fig.suptitle(f"grid tasks: accuracy against grid size ({seeds}dashed: evaluation-only; dotted: chance)",
+                 fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1 - 1.6 / fig.get_figwidth(), 1))
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    start = time.time()
+    try:
+        results, run_dir = run_tasks(args)
+    except (ConfigError, DataError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    out = Path(args.out) if args.out else run_dir
+    out.mkdir(parents=True, exist_ok=True)
+    words = ["python -m train.grid_report --config", args.config, *(["--out", args.out] if args.out else []),
+             *args.overrides]
+    md = format_report(results, " ".join(words), time.time() - start)
+    (out / "results.md").write_text(md)
+    (out / "results.json").write_text(json.dumps({t: r.to_json() for t, r in results.items()}, indent=1))
+    plot(results, out / "accuracy.png")
+    print(md)
+    print(f"\nwritten: {out}/results.md, results.json, accuracy.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
