@@ -16,6 +16,13 @@ def check_int(name: str, value: object, *, minimum: int | None = None) -> int:
     return value
 
 
+def check_ints(name: str, values: object, *, minimum: int | None = None) -> tuple[int, ...]:
+    """A sequence of ints (a list or tuple, not a str), each checked as ``check_int``."""
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+        raise TypeError(f"{name} must be a sequence of ints, got {type(values).__name__} {values!r}")
+    return tuple(check_int(f"{name}[{i}]", v, minimum=minimum) for i, v in enumerate(values))
+
+
 def check_dim(dim: object, multiple: int, scheme: str, *, what: str = "head dimension") -> int:
     """A channel count the scheme splits into ``multiple`` equal parts (rotary pairs, sin/cos per axis)."""
     dim = check_int(f"dim ({what})", dim, minimum=multiple)

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._validate import check_bool, check_choice, check_grid, check_int, check_positions, same_size
+from .._validate import check_bool, check_choice, check_float, check_grid, check_int, check_positions, same_size
 from ..registry import register
 
 OUT_OF_RANGE: tuple[str, ...] = ("error", "clamp", "interpolate")
@@ -46,6 +46,7 @@ class Learned1d(nn.Module):
         self.dim = check_int("dim", dim, minimum=1)
         self.max_len = check_int("max_len", max_len, minimum=1)
         self.out_of_range = check_choice("out_of_range", out_of_range, OUT_OF_RANGE)
+        init_std = check_float("init_std", init_std, minimum=0.0)
         self.table = nn.Parameter(torch.zeros(self.max_len, self.dim))
         nn.init.trunc_normal_(self.table, std=init_std)
 
@@ -93,6 +94,7 @@ class Learned2d(nn.Module):
         self.train_grid = check_grid(train_grid, "train_grid")
         self.factorized = check_bool("factorized", factorized)
         check_int("num_prefix_tokens", num_prefix_tokens, minimum=0)
+        init_std = check_float("init_std", init_std, minimum=0.0)
         h, w = self.train_grid
         if self.factorized:
             self.row = nn.Parameter(torch.zeros(h, dim))

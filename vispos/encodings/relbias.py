@@ -122,6 +122,7 @@ class RelBias2d(RelativeBias2d):
     def __init__(self, *, num_heads: int, train_grid: tuple[int, int] = (14, 14), num_prefix_tokens: int = 0,
                  prefix_entries: bool = True, init_std: float = 0.02) -> None:  # fmt: skip
         super().__init__(num_heads, train_grid, num_prefix_tokens, prefix_entries)
+        init_std = check_float("init_std", init_std, minimum=0.0)
         h, w = self.train_grid
         self.table = nn.Parameter(torch.zeros((2 * h - 1) * (2 * w - 1), self.num_heads))
         nn.init.trunc_normal_(self.table, std=init_std)

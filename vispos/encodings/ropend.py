@@ -26,7 +26,7 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from .._validate import check_choice, check_dim, check_float, check_int, check_positions
+from .._validate import check_choice, check_dim, check_float, check_int, check_ints, check_positions
 from ..registry import register
 from .rope import LAYOUTS, Rotary, expand_angles, rope_angles
 from .rope_scaling import RopeScaling, as_scaling, check_scaling_dim, scaled_inv_freq
@@ -115,9 +115,7 @@ class RopeNd(nn.Module):
         self.layout = check_choice("layout", (preset_layout if split is None else "half") if layout is None else layout,
                                    LAYOUTS)  # fmt: skip
         axes = len(self.split)
-        self.scale_axes = tuple(range(axes)) if scale_axes is None else tuple(
-            check_int("scale_axes entry", a, minimum=0) for a in scale_axes
-        )  # fmt: skip
+        self.scale_axes = tuple(range(axes)) if scale_axes is None else check_ints("scale_axes", scale_axes, minimum=0)
         if any(a >= axes for a in self.scale_axes):
             raise ValueError(f"scale_axes {self.scale_axes} name axes beyond the {axes} of split {self.split}")
         self.train_size: tuple[int, ...] | None = None
@@ -133,7 +131,7 @@ class RopeNd(nn.Module):
     ) -> None:
         """Per-axis scaling (``original_length`` = that axis's training length) or off (``None``)."""
         if train_size is not None:
-            train_size = tuple(check_int("train_size entry", s, minimum=1) for s in train_size)
+            train_size = check_ints("train_size", train_size, minimum=1)
             if len(train_size) != self.num_axes:
                 raise ValueError(f"train_size needs one length per axis ({self.num_axes}), got {train_size}")
         train_size = self.train_size if train_size is None else train_size

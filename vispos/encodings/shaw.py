@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .._validate import check_bool, check_int, check_positions
+from .._validate import check_bool, check_float, check_int, check_positions
 from ..registry import register
 
 
@@ -33,6 +33,7 @@ class ShawRelative(nn.Module):
         super().__init__()
         self.dim = check_int("dim (head dimension)", dim, minimum=1)
         self.max_distance = check_int("max_distance", max_distance, minimum=1)
+        init_std = check_float("init_std", init_std, minimum=0.0)
         rows = 2 * self.max_distance + 1
         self.key_table = nn.Parameter(torch.randn(rows, dim) * init_std)
         self.value_table = nn.Parameter(torch.randn(rows, dim) * init_std) if check_bool("values", values) else None
