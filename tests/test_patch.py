@@ -224,12 +224,6 @@ def test_head_dim_not_divisible_by_4_is_refused_at_patch_time() -> None:
         vispos.patch(model, "rope2d")
 
 
-def test_patch_dropout_is_refused() -> None:
-    model = timm.create_model("vit_tiny_patch16_224", img_size=IMG, depth=1, patch_drop_rate=0.5)
-    with pytest.raises(ValueError, match="patch dropout"):
-        vispos.patch(model, "rope2d")
-
-
 def test_patching_twice_is_refused() -> None:
     model = make("vit_tiny", "rope2d")
     with pytest.raises(ValueError, match="already patched"):

@@ -36,9 +36,11 @@ class PositionContext:
     shared: Rotary | torch.Tensor | None  # the output of a scheme shared by every layer, computed once
     logit_scale: float = 1.0  # extra temperature on every logit (log-n attention scaling)
     bias_index: torch.Tensor | None = None  # where each token pair reads its bias (bias schemes), int32
+    tokens: torch.Tensor | None = None  # [B, M]: which of the P + HW tokens each row holds (a subset), or all
 
     def layer(self, index: int) -> tuple[Rotary | None, torch.Tensor | None]:
-        """(rotation: cos/sin [(heads,) N, d] or None, additive mask [1, heads, N, N] or the caller's mask)."""
+        """(rotation: cos/sin [(heads,) N, d] or None, additive mask [1, heads, N, N] or the caller's mask).
+        For a token subset (``tokens``), rotations [B, heads or 1, M, d] and masks [B, heads, M, M]."""
         return self.positions.layer(self, index)
 
     def flex(self, index: int) -> tuple[torch.Tensor, torch.Tensor | None] | None:
@@ -185,18 +187,23 @@ class Positions(nn.Module):
         """``"sdpa"`` (default) or ``"flex"`` (relative biases through FlexAttention), as ``configure`` set it."""
         return self.settings.get("attention", "sdpa")
 
-    def _prefixed(
-        self, module: nn.Module, grid: tuple[int, int], device: torch.device, index: torch.Tensor | None
-    ) -> Rotary | torch.Tensor:
+    def _prefixed(self, module: nn.Module, ctx: PositionContext) -> Rotary | torch.Tensor:
         """One scheme module's output for all tokens, prefix tokens first: rotations with identity rows for
         them, or a bias mask [1, heads, P + HW, P + HW] (4-D: SDPA's fused CPU kernel refuses 3-D masks).
         A bias with per-offset values is gathered straight into the mask (``bias_mask``), so building it
-        holds little more than the mask itself."""
+        holds little more than the mask itself. A token subset (``ctx.tokens`` [B, M]) takes its rows:
+        rotations [B, heads or 1, M, d], masks [B, heads, M, M], gathered without the full mask."""
+        grid, device, tokens = ctx.grid, ctx.device, ctx.tokens
         if self.attention_kind == "rotary":
-            return module(grid, device).with_prefix(self.num_prefix_tokens)
-        if index is not None:
-            return bias_mask(module.offset_bias(grid, device), getattr(module, "prefix_bias", None), index)[None]
-        return self._with_prefix(module(grid, device), module)[None]
+            rotary = module(grid, device).with_prefix(self.num_prefix_tokens)
+            return rotary if tokens is None else rotary.take(tokens)
+        if ctx.bias_index is not None:  # [P + HW, P + HW], or the subset's [B, M, M]
+            mask = bias_mask(module.offset_bias(grid, device), getattr(module, "prefix_bias", None), ctx.bias_index)
+            return mask[None] if tokens is None else mask.transpose(0, 1)
+        mask = self._with_prefix(module(grid, device), module)  # [heads, P + HW, P + HW]
+        if tokens is None:
+            return mask[None]
+        return mask[:, tokens[:, :, None], tokens[:, None, :]].transpose(0, 1)  # [B, heads, M, M]
 
     def _with_prefix(self, bias: torch.Tensor, module: nn.Module) -> torch.Tensor:
         """Patch bias [heads, HW, HW] -> [heads, P + HW, P + HW], for a bias scheme without ``offset_bias``.
@@ -218,19 +225,42 @@ class Positions(nn.Module):
         return prefixed_offset_index(grid, self.num_prefix_tokens, device)
 
     def context(
-        self, grid: tuple[int, int], device: torch.device, user_mask: torch.Tensor | None = None
+        self,
+        grid: tuple[int, int],
+        device: torch.device,
+        user_mask: torch.Tensor | None = None,
+        keep: torch.Tensor | None = None,
     ) -> PositionContext:
         """What every layer needs at this grid. A scheme shared by all layers is evaluated here, once; a
         per-layer scheme when its layer asks (``PositionContext.layer``), so in inference at most one
-        layer's bias mask exists at a time."""
+        layer's bias mask exists at a time.
+
+        ``keep`` [B, K]: each row holds only these patch tokens (row-major indices into the H x W grid, in
+        the order the row holds them; the prefix tokens stay first), as timm's patch dropout or an MAE
+        encoder's random masking leaves them. Every token keeps the position of its place in the grid."""
+        tokens = None if keep is None else self._subset(keep, grid, device)
         user = as_float_mask(user_mask, torch.float32)
-        shared, index = None, None
-        flex = self._flex_ready(user)  # then no dense mask is built unless someone asks for one
-        if self.enabled and self.attention is not None and not flex:
-            index = self._bias_index(grid, device)
+        ctx = PositionContext(self, grid, device, user, None, self.logit_scale(grid), None, tokens)
+        if self.enabled and self.attention is not None and not self._flex_ready(ctx):
+            index = self._bias_index(grid, device)  # no dense mask is built for FlexAttention
+            if index is not None and tokens is not None:
+                index = index[tokens[:, :, None], tokens[:, None, :]]  # [B, M, M]
+            ctx.bias_index = index
             if not self._per_layer:
-                shared = self._combined(self._prefixed(self.attention, grid, device, index), user)
-        return PositionContext(self, grid, device, user, shared, self.logit_scale(grid), index)
+                ctx.shared = self._combined(self._prefixed(self.attention, ctx), user)
+        return ctx
+
+    def _subset(self, keep: torch.Tensor, grid: tuple[int, int], device: torch.device) -> torch.Tensor:
+        """Kept patch indices [B, K] -> the rows' token indices [B, P + K], prefix tokens first."""
+        if not isinstance(keep, torch.Tensor) or keep.dim() != 2 or keep.is_floating_point() or keep.is_complex():
+            got = f"{keep.dtype} tensor of shape {tuple(keep.shape)}" if isinstance(keep, torch.Tensor) else keep
+            raise ValueError(f"keep must be an integer tensor [B, K] of patch indices, got {got}")
+        n = grid[0] * grid[1]
+        if not torch.compiler.is_compiling() and keep.numel() and (keep.min() < 0 or keep.max() >= n):
+            raise ValueError(f"keep holds patch indices outside the {grid[0]}x{grid[1]} grid (0 to {n - 1})")
+        p = self.num_prefix_tokens
+        prefix = torch.arange(p, device=device).expand(keep.shape[0], p)
+        return torch.cat((prefix, keep.to(device) + p), dim=1)
 
     @property
     def _per_layer(self) -> bool:
@@ -246,17 +276,17 @@ class Positions(nn.Module):
         if ctx.shared is not None:
             out = ctx.shared
         else:
-            module = self._module(index)
-            out = self._combined(self._prefixed(module, ctx.grid, ctx.device, ctx.bias_index), ctx.user_mask)
+            out = self._combined(self._prefixed(self._module(index), ctx), ctx.user_mask)
         return (out, ctx.user_mask) if self.attention_kind == "rotary" else (None, out)
 
-    def _flex_ready(self, user_mask: torch.Tensor | None) -> bool:
-        """FlexAttention is on and applies: an enabled relative bias, no mask from the caller."""
-        return self.attention_backend == "flex" and self.enabled and self.attention_kind == "bias" and user_mask is None
+    def _flex_ready(self, ctx: PositionContext) -> bool:
+        """FlexAttention is on and applies: an enabled relative bias on the whole grid, no mask from the caller."""
+        on = self.attention_backend == "flex" and self.enabled and self.attention_kind == "bias"
+        return on and ctx.user_mask is None and ctx.tokens is None
 
     def flex(self, ctx: PositionContext, index: int) -> tuple[torch.Tensor, torch.Tensor | None] | None:
         """Layer ``index``'s bias per offset and prefix entries, for FlexAttention; None when SDPA is used."""
-        if not self._flex_ready(ctx.user_mask):
+        if not self._flex_ready(ctx):
             return None
         module = self._module(index)
         return module.offset_bias(ctx.grid, ctx.device), getattr(module, "prefix_bias", None)

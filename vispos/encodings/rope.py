@@ -134,6 +134,26 @@ class Rotary:
         )
 
 
+    def take(self, index: torch.Tensor) -> Rotary:
+        """The rotations of a token subset per sample: ``index`` [B, M] into the token axis -> tensors with
+        a batch axis first, [B, heads or 1, M, ...], ready for q, k [B, heads, M, head_dim] (patch dropout,
+        MAE-style masking: each kept token keeps the rotation of its place in the grid)."""
+
+        def pick(t: torch.Tensor | None, token_axis: int, dims: int) -> torch.Tensor | None:
+            if t is None:
+                return None
+            out = t.movedim(token_axis, 0)[index]  # [B, M, (heads,) ...]
+            return out.movedim(2, 1) if t.dim() > dims else out.unsqueeze(1)  # [B, heads | 1, M, ...]
+
+        return replace(
+            self,
+            cos=pick(self.cos, -2, 2),
+            sin=pick(self.sin, -2, 2),
+            q_scale=pick(self.q_scale, -2, 2),
+            k_scale=pick(self.k_scale, -2, 2),
+            blocks=pick(self.blocks, -4, 4),
+        )
+
 def rope_angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
     """positions [..., N] x inv_freq [F] -> angles [..., N, F] in fp32."""
     return positions.float()[..., None] * inv_freq.to(positions.device)

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 import torch.fx
+from timm.layers.patch_dropout import patch_dropout_forward
 from timm.models.eva import Eva
 from torch import nn
 from torch.utils.checkpoint import checkpoint
@@ -42,9 +43,27 @@ def token_grid(patch_embed: nn.Module, image: torch.Tensor) -> tuple[int, int]:
 
 
 def position_context(
-    positions: Positions, patch_embed: nn.Module, image: torch.Tensor, attn_mask: torch.Tensor | None
+    positions: Positions,
+    grid: tuple[int, int],
+    tokens: torch.Tensor,
+    attn_mask: torch.Tensor | None,
+    keep: torch.Tensor | None = None,
 ) -> PositionContext:
-    return positions.context(token_grid(patch_embed, image), image.device, attn_mask)
+    """The context at ``grid`` on the device of ``tokens``; ``keep``: the patch tokens each row holds."""
+    return positions.context(grid, tokens.device, attn_mask, keep)
+
+
+def drop_patches(drop: nn.Module | None, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """timm's patch dropout (``patch_drop_rate``) on tokens [B, P + HW, C], with the kept patch indices
+    [B, K] (None when nothing is dropped: eval mode, no dropout), drawn exactly as timm draws them."""
+    if not dropping_patches(drop):
+        return x, None
+    return patch_dropout_forward(x, drop.prob, drop.num_prefix_tokens, drop.ordered, drop.training)
+
+
+def dropping_patches(drop: nn.Module | None) -> bool:
+    """Whether a model's ``patch_drop`` module drops tokens now (training mode, a positive rate)."""
+    return drop is not None and not isinstance(drop, nn.Identity) and drop.training and drop.prob > 0
 
 
 def embed_tokens(positions: Positions, x: torch.Tensor, prefix: list[torch.Tensor]) -> torch.Tensor:
@@ -57,7 +76,9 @@ def embed_tokens(positions: Positions, x: torch.Tensor, prefix: list[torch.Tenso
     return torch.cat((positions.add_to_prefix(tokens), x), dim=1)
 
 
+torch.fx.wrap("token_grid")
 torch.fx.wrap("position_context")
+torch.fx.wrap("drop_patches")
 torch.fx.wrap("embed_tokens")
 
 
@@ -100,8 +121,12 @@ class PatchedViT:
         """The token grid the patch embedding makes of an image batch [B, C, H, W]."""
         return token_grid(self.patch_embed, image)
 
-    def vispos_context(self, image: torch.Tensor, attn_mask: torch.Tensor | None = None) -> PositionContext:
-        return position_context(self.vispos, self.patch_embed, image, attn_mask)
+    def vispos_context(
+        self, image: torch.Tensor, attn_mask: torch.Tensor | None = None, keep: torch.Tensor | None = None
+    ) -> PositionContext:
+        """The positions of one forward pass on ``image`` [B, C, H, W]; ``keep`` [B, K]: the patch tokens each
+        row holds when only some are kept (row-major grid indices; ``Positions.context``)."""
+        return position_context(self.vispos, token_grid(self.patch_embed, image), image, attn_mask, keep)
 
     def _pos_embed(self, x: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, None]:
         """x [B, H, W, C] from the patch embedding -> tokens [B, P + H*W, C] with positions added."""
@@ -112,12 +137,14 @@ class PatchedViT:
     def forward_features(
         self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False
     ) -> torch.Tensor:
-        ctx = self.vispos_context(x, attn_mask)
+        grid = token_grid(self.patch_embed, x)  # refuses a size the patches do not divide, before timm does
         x = self.patch_embed(x)
         x = self._pos_embed(x)
         if isinstance(x, tuple):
             x = x[0]
-        x = self.norm_pre(x)  # no patch dropout: patch() refuses models that use it
+        x, keep = drop_patches(self.patch_drop, x)  # positions follow the kept tokens
+        ctx = position_context(self.vispos, grid, x, attn_mask, keep)
+        x = self.norm_pre(x)
         for blk in self.blocks:
             if self.grad_checkpointing and torch.is_grad_enabled():
                 x = checkpoint(blk, x, attn_mask=ctx, is_causal=is_causal, use_reentrant=False)
@@ -126,6 +153,11 @@ class PatchedViT:
         return self.norm(x)
 
     def forward_intermediates(self, x: torch.Tensor, *args: Any, attn_mask=None, **kwargs: Any):  # noqa: ANN001
+        if dropping_patches(self.patch_drop):
+            raise ValueError(
+                "forward_intermediates with patch dropout in training mode would lose the kept tokens' "
+                "positions; call it in eval mode (model.eval()) or use forward / forward_features"
+            )
         return super().forward_intermediates(x, *args, attn_mask=self.vispos_context(x, attn_mask), **kwargs)
 
 

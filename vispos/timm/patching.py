@@ -77,9 +77,6 @@ def _check_model(model: nn.Module) -> None:
             "this model is already patched by vispos; patch a fresh model instead "
             "(a patched model's weights load into a freshly patched one with load_state_dict)"
         )
-    drop = getattr(model, "patch_drop", None)
-    if drop is not None and not isinstance(drop, nn.Identity) and getattr(drop, "prob", 0.0) > 0:
-        raise ValueError("patch dropout is enabled (patch_drop_rate > 0): positions would no longer match tokens")
     names = ", ".join(c.__name__ for c in SUPPORTED_ATTENTION)
     for i, blk in enumerate(model.blocks):
         attn = getattr(blk, "attn", None)
