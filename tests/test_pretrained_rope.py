@@ -226,3 +226,12 @@ def test_models_with_their_own_relative_bias_are_refused_by_name(name, family):
     model = timm.create_model(name, pretrained=False, num_classes=0, **({"depth": 1} if "swin" not in name else {}))
     with pytest.raises(TypeError, match=f"{family}.*has a relative position bias of its own"):
         vispos.patch(model, "rope2d")
+
+
+def test_inherited_dinov3_with_xy_indexing_reproduces_the_original():
+    """DINOv3's RoPE with ``rope_grid_indexing="xy"``: timm < 1.0.31 puts y first anyway, 1.0.31 puts x
+    first; the inherited axes follow the installed timm, so the features match on either."""
+    original, model = timm_pair("vit_small_patch16_dinov3", 64, rope_grid_indexing="xy")
+    vispos.patch(model, "rope2d")
+    for size in sizes(64, 16):
+        assert max_difference(original, model, size) <= 1e-5, size

@@ -8,6 +8,45 @@
   options, which ``patch`` keeps by default, and the warnings when options or schemes discard it.
 - ``attention.py``: ``PatchedAttention``, which adopts a timm attention's weights and applies the
   positions; its ``positioned`` method is the one q/k path that both ``forward`` and the diagnostics use.
+
+Supported timm: 1.0.30 and newer (``make test`` runs the newest release, ``make test-min`` 1.0.30, the
+floor in ``pyproject.toml``). Before 1.0.30 timm's blocks take no ``is_causal`` (< 1.0.26) and its
+``RotaryEmbeddingCat`` has no ``rotate_half``, so a pretrained RoPE's layout cannot be read. On a newer timm,
+what can break is what vispos reads or overrides below; ``make test-min TIMM_MIN=<version>`` runs the
+same checks against any release.
+
+What the adapter touches in timm, and what for:
+
+- Classes accepted (``isinstance``): ``timm.models.vision_transformer.VisionTransformer`` and
+  ``timm.models.eva.Eva`` (models); ``vision_transformer.Attention``, ``timm.layers.AttentionRope``,
+  ``eva.EvaAttention`` (attentions replaced). Refused by class name: ``VisionTransformerRelPos``, ``Beit``,
+  ``SwinTransformer``, ``SwinTransformerV2``, ``SwinTransformerV2Cr``.
+- Methods overridden on the patched subclass: ``_pos_embed`` (private; Eva's returns ``(x, rope)``),
+  ``forward_features``, ``forward_intermediates`` (called through ``super()`` with ``attn_mask=``),
+  ``no_weight_decay``, ``group_matcher`` (both extend timm's result).
+- Block call convention: every block's ``forward(x, attn_mask=..., is_causal=...)`` passes both on to
+  ``block.attn`` (timm >= 1.0.26); Eva blocks also pass ``rope=``. The positions travel in ``attn_mask``.
+- Model attributes read: ``blocks``, ``patch_embed``, ``embed_dim``, ``num_prefix_tokens``,
+  ``no_embed_class``, ``cls_token`` / ``dist_token`` / ``reg_token``, ``pos_embed``, ``pos_drop``,
+  ``patch_drop`` (``prob``, ``num_prefix_tokens``, ``ordered``), ``norm_pre``, ``norm``,
+  ``grad_checkpointing``, ``num_classes``, ``pretrained_cfg``; Eva's ``rope`` and ``rope_mixed``. Written:
+  ``pos_embed = None``, ``dynamic_img_size = True``, Eva's ``rope = None`` / ``rope_mixed = False``.
+- Patch embedding: ``grid_size``, ``dynamic_img_pad``, ``feat_ratio(as_scalar=False)``,
+  ``dynamic_feat_size``, ``proj.in_channels``; written: ``flatten = False``, ``output_fmt = Format.NHWC``,
+  ``strict_img_size = False`` (``timm.layers.Format``).
+- Attention submodules and attributes adopted: ``qkv`` or ``q_proj`` / ``k_proj`` / ``v_proj``, ``q_bias`` /
+  ``k_bias`` / ``v_bias``, ``q_norm``, ``k_norm``, ``norm``, ``gate``, ``proj``, ``attn_drop`` (``p``),
+  ``proj_drop``; ``num_heads``, ``num_kv_heads``, ``head_dim``, ``scale``, ``fused_attn``,
+  ``qkv_bias_separate``.
+- RoPE modules (``timm.layers.pos_embed_sincos``: ``RotaryEmbedding``, ``RotaryEmbeddingCat``,
+  ``RotaryEmbeddingDinoV3``, ``RotaryEmbeddingMixed``), read to inherit a pretrained RoPE: ``temperature``,
+  ``grid_indexing``, ``grid_offset``, ``ref_feat_shape``, ``rotate_half``, ``grid_type`` (1.0.31; absent
+  means index grids), ``normalize_coords``, ``min_period`` / ``max_period``, ``shift_coords`` /
+  ``jitter_coords`` / ``rescale_coords``, ``freqs`` (RoPE-Mixed, [2, depth, heads, d/2]); and
+  ``timm.__version__`` (DINOv3's ``grid_indexing="xy"`` puts x first from 1.0.31 only).
+- Functions: ``timm.create_model``; ``timm.layers.patch_dropout.patch_dropout_forward`` (tokens kept, drawn as
+  timm draws them); ``timm.models.load_pretrained``, ``load_checkpoint``, ``load_state_dict`` (a patched
+  model's weights through timm's loaders).
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
+import timm
 import torch
 from timm.layers.pos_embed_sincos import (
     RotaryEmbedding,
@@ -27,6 +28,9 @@ from timm.layers.pos_embed_sincos import (
     RotaryEmbeddingMixed,
 )
 from torch import nn
+
+# timm < 1.0.31's RotaryEmbeddingDinoV3 puts y first whatever its grid_indexing; 1.0.31 honours "xy"
+_DINOV3_HONOURS_XY = tuple(int(p) for p in timm.__version__.split(".")[:3] if p.isdigit()) >= (1, 0, 31)
 
 
 class PretrainedPositionsWarning(UserWarning):
@@ -69,9 +73,10 @@ def own_rope(model: nn.Module) -> OwnRope | None:
         return None
     source = f"timm {type(rope).__name__}"
     if isinstance(rope, (RotaryEmbeddingCat, RotaryEmbedding)):
-        if rope.grid_type != "index":
+        grid_type = getattr(rope, "grid_type", "index")  # timm < 1.0.31 has index grids only
+        if grid_type != "index":
             raise ValueError(
-                f"this model's RoPE ({source} with grid_type={rope.grid_type!r}, pixel-frequency bands) has no "
+                f"this model's RoPE ({source} with grid_type={grid_type!r}, pixel-frequency bands) has no "
                 "vispos equivalent; patch(model, ..., inherit=False) replaces it with a fresh scheme"
             )
         options: dict[str, Any] = {
@@ -86,7 +91,7 @@ def own_rope(model: nn.Module) -> OwnRope | None:
     if isinstance(rope, RotaryEmbeddingDinoV3):
         options = {
             "coords": "normalized",
-            "axes": _axes(rope),
+            "axes": _axes(rope) if _DINOV3_HONOURS_XY else "yx",
             "layout": "half" if rope.rotate_half else "interleaved",
             "offset": float(rope.grid_offset),
             "normalize": rope.normalize_coords,
