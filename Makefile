@@ -4,14 +4,19 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 FMNIST := /usr/share/datasets/fashion-mnist
 
-.PHONY: test demo lint describe fmnist clean
+# The oldest timm vispos declares (pyproject.toml), tested by `make test-min`.
+TIMM_MIN := $(shell sed -n 's/^ *"timm>=\([0-9.]*\)".*/\1/p' pyproject.toml)
+# What `make test-min` runs against it: patching every scheme, inheriting every timm RoPE family.
+MIN_TESTS := tests/test_patch.py tests/test_pretrained_rope.py tests/test_rope2d_conventions.py
+
+.PHONY: test test-min wheel-check demo lint describe fmnist clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch and torchvision are pinned to the releases this workplace keeps on disk.
 	$(PY) -m pip install --quiet torch==2.14.1 torchvision==0.29.1
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[train,test,dev]'
 	touch $@
 
 # The embedded dataset: Debian's dataset-fashion-mnist (idx files, no download at run time).
@@ -24,6 +29,22 @@ fmnist:
 test: $(VENV)/.installed fmnist
 	$(PY) -m pytest -q
 
+# The timm floor: a virtual environment layered on $(VENV) (same torch) with timm==$(TIMM_MIN) of its own.
+test-min: $(VENV)/.installed
+	.ci/layered-venv $(VENV)-min $(PY)
+	$(VENV)-min/bin/python -m pip install --quiet "timm==$(TIMM_MIN)"
+	$(VENV)-min/bin/python -c "import timm; assert timm.__version__ == '$(TIMM_MIN)', timm.__version__"
+	$(VENV)-min/bin/python -m pytest -q -p no:cacheprovider $(MIN_TESTS)
+
+# The wheel holds vispos only, and README's quick start runs from it in a clean environment (torch reused).
+wheel-check: $(VENV)/.installed
+	rm -rf dist && mkdir dist
+	$(PY) -m pip wheel -v --no-deps --wheel-dir dist . >dist/build.log 2>&1 || (cat dist/build.log; exit 1)
+	@if grep -i deprecat dist/build.log; then echo "the wheel build warns of deprecations (above)"; exit 1; fi
+	.ci/layered-venv $(VENV)-wheel $(PY)
+	$(VENV)-wheel/bin/python -m pip install --quiet dist/vispos-*.whl
+	cd dist && ../$(VENV)-wheel/bin/python ../.ci/wheel_check.py vispos-*.whl ../README.md
+
 demo: $(VENV)/.installed fmnist
 	$(PY) -m train --config configs/fmnist_extrapolation.yaml
 
@@ -35,4 +56,4 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/lint-imports
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) $(VENV)-min $(VENV)-wheel dist runs .pytest_cache

@@ -1,4 +1,4 @@
-"""``python -m train --config configs/NAME.yaml [key=value ...]`` (also the ``vispos-train`` script)."""
+"""``python -m train --config configs/NAME.yaml [key=value ...]``."""
 
 from __future__ import annotations
 

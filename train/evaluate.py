@@ -1,4 +1,4 @@
-"""``python -m train.evaluate`` (the ``vispos-evaluate`` script): re-evaluate saved checkpoints at any sizes.
+"""``python -m train.evaluate``: re-evaluate saved checkpoints at any sizes.
 
     python -m train.evaluate --checkpoint runs/NAME/rope2d/checkpoint.pt --sizes 28 42 56 \\
         [--protocols resize canvas] [--scaling yarn] [--max-images 2000] [--set eval.canvas_position=random]
