@@ -4,6 +4,9 @@ non-zero on maps built without it (a measure that cannot fail proves nothing), p
 from __future__ import annotations
 
 import math
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -207,6 +210,40 @@ def test_layer_logits_requires_a_patched_model() -> None:
     assert layer_logits(model, (3, 5), content=torch.randn(32)).shape == (2, 15, 15)  # any grid
 
 
+def tiny_vit(scheme: str | list[str]) -> VisionTransformer:
+    torch.manual_seed(0)
+    model = VisionTransformer(img_size=16, patch_size=4, embed_dim=32, depth=1, num_heads=2, num_classes=0)
+    return vispos.patch(model, scheme).eval()
+
+
+@pytest.mark.parametrize("scheme", ["rope2d", "rope2d_mixed"])
+def test_layer_logits_of_a_rotary_scheme_needs_content(scheme: str) -> None:
+    """Zero tokens give a rotation nothing to turn (all-zero logits, NaN measures): refused, naming content=."""
+    model = tiny_vit(scheme)
+    with pytest.raises(ValueError, match=rf"layer_logits on {scheme} \(rotary\) needs content= \[32\]"):
+        layer_logits(model, (4, 4))
+    with torch.no_grad():
+        logits = layer_logits(model, (4, 4), content=torch.randn(32))
+    assert logits.abs().max() > 0 and translation_error(logits, (4, 4)).isfinite().all()
+
+
+@pytest.mark.parametrize("scheme", ["learned2d", "alibi2d", ["learned2d", "rope2d"]])
+def test_layer_logits_without_content_is_the_position_only_part(scheme: str | list[str]) -> None:
+    """Where position alone makes logits (an additive table, a bias), content=None is their position-only part:
+    the tokens are the table alone, i.e. the map equals the one for content 0 and is not constant."""
+    model = tiny_vit(scheme)
+    with torch.no_grad():
+        default, zero = layer_logits(model, (4, 4)), layer_logits(model, (4, 4), content=torch.zeros(32))
+    torch.testing.assert_close(default, zero, rtol=0, atol=0)
+    assert default.std() > 0
+
+
+@pytest.mark.parametrize("content", [torch.randn(16), torch.randn(2, 32), [1.0] * 32])
+def test_layer_logits_content_must_be_one_token_vector(content: object) -> None:
+    with pytest.raises((TypeError, ValueError), match=r"content must be a tensor \[32\]"):
+        layer_logits(tiny_vit("rope2d"), (4, 4), content=content)
+
+
 @pytest.mark.parametrize("log_n", [False, True])
 @pytest.mark.parametrize("scheme", ["rope2d", "alibi2d", ["learned2d", "relbias2d"]])
 def test_layer_logits_equal_the_logits_the_patched_attention_feeds_to_sdpa(
@@ -258,3 +295,55 @@ def test_cli_writes_table_and_figures(tmp_path: Path, capsys: pytest.CaptureFixt
     assert rows["rope2d"].split("|")[7].strip() == "yes"  # separable
     for name in ("sincos2d", "learned2d", "rope2d_mixed"):
         assert rows[name].split("|")[7].strip() == "no"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--heads", "5"], r"--embed-dim 128 must be divisible by --heads 5"),
+        (["--heads", "0"], r"--embed-dim and --heads must be >= 1, got 128 and 0"),
+        (["--heads", "-2"], r"--embed-dim and --heads must be >= 1"),
+        (["--embed-dim", "0"], r"--embed-dim and --heads must be >= 1"),
+        (["--embed-dim", "24", "--heads", "2"], r"\(head dim 12\) does not fit \w+: .*divisible by"),
+        (["--embed-dim", "8", "--heads", "2"], r"\(head dim 4\) does not fit \w+"),
+        (["--grid", "1", "5"], r"--grid needs at least 2 patches per axis"),
+        (["--grid", "0", "-3"], r"--grid needs at least 2 patches per axis"),
+        (["--seed", str(2**70)], r"--seed must fit in 64 bits"),
+        (["--heads", "four"], r"argument --heads: invalid int value: 'four'"),  # argparse's own
+        (["--grid", "5"], r"argument --grid: expected 2 arguments"),
+    ],
+)
+def test_cli_bad_input_is_one_error_line_and_exit_2(
+    argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--out", str(tmp_path / "report"), *argv])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if "error:" in line]
+    assert len(errors) == 1 and errors[0].startswith("python -m vispos.diagnostics: error: "), err
+    assert "Traceback" not in err
+    assert re.search(message, errors[0]), errors[0]
+    assert not (tmp_path / "report").exists() or not any((tmp_path / "report").iterdir())  # nothing was written
+
+
+def test_cli_bad_out_folder_is_one_error_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("x")
+    for out, message in ((a_file, r"is a file; give a folder"), (a_file / "sub", r"cannot create the folder")):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["--out", str(out), "--grid", "3", "3", "--embed-dim", "16", "--heads", "2"])
+        assert exit_info.value.code == 2
+        assert re.search(message, capsys.readouterr().err.splitlines()[-1])
+
+
+def test_cli_entry_point_bad_head_count_exits_2_without_traceback(tmp_path: Path) -> None:
+    """The probe as a user runs it: python -m vispos.diagnostics --heads 5."""
+    run = subprocess.run(
+        [sys.executable, "-m", "vispos.diagnostics", "--out", str(tmp_path), "--heads", "5"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+    assert run.stderr.strip().splitlines()[-1] == (
+        "python -m vispos.diagnostics: error: --embed-dim 128 must be divisible by --heads 5"
+    )

@@ -125,8 +125,10 @@ def layer_logits(
     block's ``norm1`` (the exact input of the first layer), then the layer's own ``positioned`` path
     (the one its forward feeds to SDPA): qkv projection, q/k norms, rotation, logit scale and bias
     mask. Prefix tokens take part (RoPE leaves them unrotated) and are dropped from the result.
-    Rotary schemes need a non-zero ``content``; with ``content=None`` an additive scheme gives its
-    position-only part. Call it on a model in eval mode.
+    ``content=None`` gives the position-only part where position alone makes logits: an additive table
+    (its PE_p W_q . PE_q' W_k) and a bias (the bias itself); a rotary scheme without an additive table
+    has nothing to rotate then (zero tokens: q and k are the qkv biases alone, all-zero logits on a
+    fresh layer), so it needs ``content`` and refuses None. Call it on a model in eval mode.
     """
     pos = getattr(model, "vispos", None)
     if not isinstance(pos, Positions):
@@ -135,6 +137,15 @@ def layer_logits(
     if layer >= len(model.blocks):
         raise ValueError(f"layer {layer} out of range; the model has {len(model.blocks)} blocks")
     h, w = check_grid(grid)
+    if content is not None and (not isinstance(content, torch.Tensor) or content.shape != (model.embed_dim,)):
+        got = tuple(content.shape) if isinstance(content, torch.Tensor) else type(content).__name__
+        raise ValueError(f"content must be a tensor [{model.embed_dim}] (one token's content), got {got}")
+    if content is None and pos.attention_kind == "rotary" and pos.additive is None:
+        schemes = ", ".join(pos.settings["pos"])
+        raise ValueError(
+            f"layer_logits on {schemes} (rotary) needs content= [{model.embed_dim}], the token content the rotation "
+            f"acts on (zero tokens give all-zero logits); e.g. content=torch.randn({model.embed_dim})"
+        )
     block = model.blocks[layer]
     attn = block.attn
     if not isinstance(attn, PatchedAttention):
