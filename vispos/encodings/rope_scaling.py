@@ -237,8 +237,8 @@ def _from_hf(rope: dict[str, Any], max_len: int | None, model_orig: int | None) 
     nested = [k for k, v in rope.items() if isinstance(v, Mapping)]
     if nested and len(nested) == len(rope):
         raise ValueError(
-            f"rope_parameters given per layer type ({', '.join(nested)}); pass the one wanted, e.g. "
-            f"config['rope_parameters'][{nested[0]!r}]"
+            f"rope_parameters given per layer type ({', '.join(nested)}); pass the dict of the layer type wanted, "
+            f"e.g. rope_parameters[{nested[0]!r}]"
         )
     rope_type = rope.pop("rope_type", rope.pop("type", "default"))
     if rope_type not in HF_ROPE_TYPES:
