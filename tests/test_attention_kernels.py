@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import weakref
+
 import pytest
 import timm
 import torch
@@ -10,6 +12,7 @@ import torch.nn.functional as F
 import vispos
 from vispos.diagnostics.kernels import sdpa_kernels
 from vispos.layers import Attention
+from vispos.positions import Positions
 
 
 def test_the_probe_sees_the_math_path_of_a_3d_mask() -> None:
@@ -76,3 +79,28 @@ def test_one_gather_builds_the_same_mask_as_the_per_token_pairs(scheme: str, gri
                 expected[:, i, j] = entries[2 if i < prefix and j < prefix else 0 if i < prefix else 1]
     assert mask.shape == (1, *expected.shape)
     torch.testing.assert_close(mask[0], expected, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("scheme", vispos.list_encodings(ndim=2, kind="bias"))
+def test_inference_holds_at_most_one_layers_bias_mask_at_a_time(scheme: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every mask ``Positions._prefixed`` builds is watched through a weak reference: when a layer's mask is
+    built, no earlier layer's mask may still be alive (a scheme shared by all layers builds one mask)."""
+    model = timm.create_model("deit_tiny_distilled_patch16_224", img_size=64, depth=4, num_classes=3)
+    model = vispos.patch(model, scheme).eval()
+    built, alive_at_build = [], []
+    prefixed = Positions._prefixed
+
+    def watched(self: Positions, *args: object) -> torch.Tensor:
+        mask = prefixed(self, *args)
+        alive_at_build.append(sum(ref() is not None for ref in built))  # earlier masks still held
+        built.append(weakref.ref(mask))
+        if mask._base is not None:  # a view: its base holds the memory
+            built.append(weakref.ref(mask._base))
+        return mask
+
+    monkeypatch.setattr(Positions, "_prefixed", watched)
+    with torch.no_grad():
+        model(torch.randn(2, 3, 64, 96))
+    per_layer = vispos.get_info(scheme, 2).per_layer
+    assert len(alive_at_build) == (len(model.blocks) if per_layer else 1)
+    assert max(alive_at_build) == 0, alive_at_build

@@ -8,6 +8,7 @@ import torch
 import torch._dynamo
 
 import vispos
+from vispos.positions import Positions
 
 BIASES = vispos.list_encodings(ndim=2, kind="bias")
 
@@ -55,14 +56,23 @@ def test_cpu_training_with_flex_set_falls_back_to_sdpa() -> None:
         torch.testing.assert_close(p.grad, q.grad)
 
 
-def test_flex_builds_no_dense_mask(monkeypatch: pytest.MonkeyPatch) -> None:
-    m = model("relbias2d")
+@pytest.mark.parametrize("scheme", BIASES)
+def test_flex_runs_every_layer_and_builds_no_dense_mask(scheme: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Spies on the three places a layer could take: FlexAttention (every layer), SDPA (none) and the
+    method that builds a layer's [heads, N, N] bias mask for SDPA (never called)."""
+    m = model(scheme).eval()
     vispos.configure(m, attention="flex")
-    built = []
-    monkeypatch.setattr("vispos.encodings.relbias.bias_from_offsets", lambda *a: built.append(a) or None)
+    calls: dict[str, int] = {"flex": 0, "sdpa": 0, "mask": 0}
+
+    def spy(name: str, fn):  # noqa: ANN001, ANN202
+        return lambda *a, **k: calls.__setitem__(name, calls[name] + 1) or fn(*a, **k)
+
+    monkeypatch.setattr("vispos.timm.attention.flex_bias_attention", spy("flex", vispos.attention.flex_bias_attention))
+    monkeypatch.setattr("vispos.timm.attention.sdpa", spy("sdpa", vispos.attention.sdpa))
+    monkeypatch.setattr(Positions, "_prefixed", spy("mask", Positions._prefixed))
     with torch.no_grad():
         assert m(torch.randn(1, 3, 64, 64)).isfinite().all()
-    assert built == []
+    assert calls == {"flex": len(m.blocks), "sdpa": 0, "mask": 0}
     assert m.vispos_cfg["attention"] == "flex"
 
 

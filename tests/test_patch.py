@@ -190,14 +190,36 @@ def test_create_model_records_the_scheme() -> None:
     assert model(torch.randn(1, 3, IMG, IMG)).shape == (1, 3)
 
 
-def test_bf16_autocast_forward_is_finite_and_close() -> None:
-    model = make("vit_small_cls", "rope2d").eval()
+BF16_TOL = 0.02  # relative error of the features, ||a - b|| / ||b||; bf16 keeps 8 bits (0.4 %) per value
+BF16_NAN = pytest.mark.xfail(strict=True, reason="NaN under bf16 autocast (the scheme's rotation in bf16)")
+
+
+@pytest.mark.parametrize(
+    "scheme", [pytest.param(s, marks=BF16_NAN) if s in ("comrope2d", "liere2d") else s for s in SCHEMES if s != "nope"]
+)
+def test_bf16_autocast_error_is_below_a_tolerance_that_tells_the_scheme_from_no_positions(scheme: str) -> None:
+    """Under bf16 autocast the features move by less than BF16_TOL; the same weights without positions
+    (``nope``) move them by more, so the tolerance would catch positions lost or garbled in bf16. The qkv
+    weights are scaled x4 so attention depends on positions, as in a trained model (at timm's
+    initialisation it is nearly uniform and no scheme changes the features by more than 1 %)."""
+    torch.manual_seed(0)
+    base = MODELS["vit_small_cls"]().eval()
+    with torch.no_grad():
+        for blk in base.blocks:
+            blk.attn.qkv.weight.mul_(4.0)
+    model = vispos.patch(copy.deepcopy(base), scheme).eval()
+    randomize_positions(model)
+    nope = vispos.patch(copy.deepcopy(base), "nope").eval()
     x = torch.randn(2, 3, IMG, IMG)
-    ref = model(x)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = model(x)
-    assert torch.isfinite(out).all()
-    torch.testing.assert_close(out.float(), ref, atol=0.1, rtol=0.1)
+    with torch.no_grad():
+        ref = model.forward_features(x)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            low = model.forward_features(x)
+        without = nope.forward_features(x)
+    assert torch.isfinite(low).all()
+    bf16_error = ((low.float() - ref).norm() / ref.norm()).item()
+    position_effect = ((without - ref).norm() / ref.norm()).item()
+    assert 0 < bf16_error < BF16_TOL < position_effect, (bf16_error, position_effect)  # 0 <: bf16 did run
 
 
 # --- bad input ----------------------------------------------------------------------------------
