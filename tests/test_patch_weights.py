@@ -289,3 +289,15 @@ def test_a_checkpoint_in_the_dict_format_of_vispos_0_1_still_loads() -> None:
     fresh = make("rope2d", theta=10.0, seed=5)
     fresh.load_state_dict(state)
     assert fresh.vispos.enabled is False
+
+
+def test_a_vispos_0_1_checkpoint_with_a_scaling_record_still_loads() -> None:
+    """0.1 wrote YaRN's beta defaults into every type's record; a linear record must still load."""
+    model = make("rope2d", theta=10.0)
+    vispos.configure(model, scaling="linear")
+    state = model.state_dict()
+    old = {"type": "linear", "factor": None, "original_length": 2, "beta_fast": 32.0, "beta_slow": 1.0}
+    state["vispos.attention._extra_state"] = {"train_grid": [2, 2], "scaling": old}
+    fresh = make("rope2d", theta=10.0, seed=5)
+    fresh.load_state_dict(state)
+    assert fresh.vispos.attention.scaling_y == vispos.RopeScaling("linear", original_length=2)

@@ -154,6 +154,17 @@ class Rotary:
             blocks=pick(self.blocks, -4, 4),
         )
 
+def saved_scaling(record: dict[str, object] | None) -> dict[str, object] | None:
+    """A scaling record from a checkpoint, as ``as_scaling`` reads it: vispos 0.1 wrote YaRN's defaults
+    (beta_fast 32, beta_slow 1) into the record of every type; they are dropped where the type has no use
+    for them, and fields left unset (None) are left out."""
+    if record is None:
+        return None
+    kept = {k: v for k, v in record.items() if v is not None}
+    if kept.get("type") != "yarn" and (kept.get("beta_fast"), kept.get("beta_slow")) == (32.0, 1.0):
+        kept = {k: v for k, v in kept.items() if k not in ("beta_fast", "beta_slow")}
+    return kept
+
 def rope_angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
     """positions [..., N] x inv_freq [F] -> angles [..., N, F] in fp32."""
     return positions.float()[..., None] * inv_freq.to(positions.device)
@@ -203,7 +214,7 @@ class Rope(nn.Module):
         return encode({"scaling": None if self.scaling is None else asdict(self.scaling)})
 
     def set_extra_state(self, state: torch.Tensor | dict[str, object]) -> None:
-        self.set_scaling(decode(state)["scaling"])
+        self.set_scaling(saved_scaling(decode(state)["scaling"]))
 
     def inv_freq(self, length: int) -> tuple[torch.Tensor, float]:
         return scaled_inv_freq(self.dim, self.theta, self.scaling, length)

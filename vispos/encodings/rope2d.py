@@ -15,7 +15,7 @@ from torch import nn
 from .._state import decode, encode
 from .._validate import check_bool, check_choice, check_dim, check_float, check_grid, check_int
 from ..registry import register
-from .rope import LAYOUTS, Rotary, expand_angles, rope_angles
+from .rope import LAYOUTS, Rotary, expand_angles, rope_angles, saved_scaling
 from .rope_scaling import RopeScaling, as_scaling, check_scaling_dim, rope_inv_freq, scaled_inv_freq
 
 COORDS: tuple[str, ...] = ("pixel", "normalized")
@@ -217,7 +217,7 @@ class Rope2d(nn.Module):
         if state["scaling"] is None:  # nothing to restore: the module keeps its own training grid
             self.set_scaling(None)
             return
-        self.set_scaling(state["scaling"], train_grid=tuple(state["train_grid"]))
+        self.set_scaling(saved_scaling(state["scaling"]), train_grid=tuple(state["train_grid"]))
 
     def inv_freq(self, scaling: RopeScaling | None, length: int) -> tuple[torch.Tensor, float]:
         """One axis's inverse frequencies [dim / 4] and attention factor at ``length`` tokens on that axis."""
