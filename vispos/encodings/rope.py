@@ -172,7 +172,8 @@ def rope_angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor
 
 @register("rope", ndim=1, kind="rotary", trainable=False, relative=True, context=("dim",), scalable=True,
     summary="rotary, rotate-half or interleaved layout",
-    extrapolation="poor unscaled; linear/ntk/dynamic_ntk/yarn/longrope/llama3 scaling",
+    extrapolation="degrades past the training length unscaled (docs/seq1d.md); "
+    "linear/ntk/dynamic_ntk/yarn/longrope/llama3 scaling",
     reference="Su et al. 2021 (RoFormer)")
 class Rope(nn.Module):
     """1D RoPE (Su et al. 2021) with optional scaling for sequences longer than training.

@@ -33,7 +33,8 @@ def sincos_2d(
 
 
 @register("sincos1d", ndim=1, kind="additive", trainable=False, relative=False, context=("dim",),
-    summary="Vaswani sinusoidal", extrapolation="formula defined anywhere; poor in practice",
+    summary="Vaswani sinusoidal",
+    extrapolation="formula defined anywhere; degrades past the training length (docs/seq1d.md)",
     reference="Vaswani et al. 2017")
 class SinCos1d(nn.Module):
     """The fixed table for token positions; ``dim`` splits into a sin and a cos per frequency."""

@@ -34,7 +34,8 @@ def centred_power(positions: torch.Tensor, scale_base: float) -> torch.Tensor:
 
 
 @register("xpos", ndim=1, kind="rotary", trainable=False, relative=True, context=("dim",),
-    summary="RoPE with exponential decay (causal)", extrapolation="better than RoPE (distance decay)",
+    summary="RoPE with exponential decay (causal)",
+    extrapolation="above RoPE past the training length on passkey (docs/seq1d.md)",
     reference="Sun et al. 2022")
 class XPos(nn.Module):
     def __init__(self, *, dim: int, theta: float = 10000.0, scale_base: float = 512.0, layout: str = "half") -> None:

@@ -1,0 +1,73 @@
+"""Catalogue claims about measured extrapolation agree with the project's committed results.
+
+A scheme's ``extrapolation`` text that cites a results document (``docs/seq1d.md``, ``docs/fmnist_full``)
+states something those results show; each such claim is checked here against the run's results.json, so
+a rerun that contradicts the catalogue fails. Committed reports are also what the report generator
+writes from their results.json.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import vispos
+from train.report import write_outputs
+from train.results import RunResult
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+
+
+def passkey(row: str) -> list[float]:
+    """Passkey accuracy of a row at 1x, 2x, 4x, 8x the training length (docs/seq1d/passkey)."""
+    results = json.loads((DOCS / "seq1d" / "passkey" / "results.json").read_text())
+    accuracy = results["tasks"]["passkey"]["rows"][row]["accuracy"]
+    return [accuracy[str(n)] for n in results["lengths"]]
+
+
+def drop_at_2x(results: dict, name: str) -> float:
+    """Mean accuracy change from the training size to 2x (resize protocol), points."""
+    acc = results["schemes"][name]["accuracy"]["resize"]
+    train = results["train_size"]
+    return acc[str(2 * train)] - acc[str(train)]
+
+
+def fmnist_full() -> dict:
+    return json.loads((DOCS / "fmnist_full" / "results.json").read_text())
+
+
+# scheme -> (ndim, the document its claim cites, the check of that claim)
+CLAIMS = {
+    "alibi": (1, "docs/seq1d.md", lambda: min(passkey("alibi")) >= 0.95),  # "holds to 8x"
+    "rope": (1, "docs/seq1d.md", lambda: passkey("rope")[1] < passkey("rope")[0] and passkey("rope")[-1] < 0.5),
+    "sincos1d": (1, "docs/seq1d.md", lambda: passkey("sincos1d")[1] < passkey("sincos1d")[0]),
+    "xpos": (1, "docs/seq1d.md", lambda: all(
+        x > r for x, r in zip(passkey("xpos")[1:], passkey("rope")[1:], strict=True))),
+    "rope2d_mixed": (2, "docs/fmnist_full", lambda: min(
+        fmnist_full()["schemes"], key=lambda n: drop_at_2x(fmnist_full(), n)) == "rope2d_mixed"),  # largest drop
+}
+
+
+@pytest.mark.parametrize("scheme", CLAIMS)
+def test_cited_extrapolation_claims_hold_in_the_cited_results(scheme: str) -> None:
+    ndim, source, holds = CLAIMS[scheme]
+    assert source in vispos.get_info(scheme, ndim).extrapolation
+    assert holds()
+
+
+def test_every_extrapolation_text_citing_a_result_is_checked_here() -> None:
+    citing = {i.name for n in (1, 2) for i in map(lambda s: vispos.get_info(s, n), vispos.list_encodings(n))
+              if "docs/" in i.extrapolation}
+    assert citing == set(CLAIMS)
+
+
+@pytest.mark.parametrize("run", ["fmnist_full", "fmnist_extrapolation"])
+def test_committed_report_is_what_the_generator_writes(run: str, tmp_path: Path) -> None:
+    """results.md from results.json: the duration line is the training and fine-tuning time summed over
+    entries and seeds (a resumed run's last call took seconds)."""
+    results = RunResult.from_json(json.loads((DOCS / run / "results.json").read_text()))
+    assert write_outputs(results, tmp_path) and (tmp_path / "results.md").read_text() == (
+        DOCS / run / "results.md"
+    ).read_text()
