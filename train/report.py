@@ -139,6 +139,28 @@ def plot(results: RunResult, path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def compute_seconds(results: RunResult) -> float:
+    """Training plus fine-tuning time summed over every entry and seed: what the comparison cost. (The wall
+    time of the call that wrote the report is not: a resumed run's last call only finds the entries done.)"""
+    total = 0.0
+    for r in results.schemes.values():
+        if r.per_seed:
+            total += sum((s.train_seconds or 0.0) + (s.finetune_seconds or 0.0) for s in r.per_seed.values())
+        else:
+            total += (r.train.seconds if r.train is not None else 0.0) + (r.finetune_seconds or 0.0)
+    return total
+
+
+def duration(seconds: float) -> str:
+    """``4 s``, ``12 min 5 s``, ``2 h 49 min``."""
+    s = round(seconds)
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60} s"
+    return f"{s // 3600} h {s % 3600 // 60} min"
+
+
 def write_outputs(results: RunResult, run_dir: Path) -> str:
     """Write results.json, results.md and accuracy.png into the run folder; returns the markdown."""
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -170,8 +192,9 @@ def write_outputs(results: RunResult, run_dir: Path) -> str:
            + ", ".join(f"{name} {r.scheme.sizes}" for name, r in multires.items()) + ".", ""] if multires else []),
         *([f"Entries with their own augmentation (data.augment: {results.config['data']['augment']}): "
            + ", ".join(f"{name} {r.scheme.augment}" for name, r in augmented.items()) + ".", ""] if augmented else []),
-        *([f"Made by `{results.command}` in {results.wall_seconds:.0f} s ({results.device}, "
-           f"{results.processes} process(es)).", ""] if results.command else []),
+        *([f"Made by `{results.command}` ({results.device}, {results.processes} process(es)): "
+           f"{duration(compute_seconds(results))} of training and fine-tuning, summed over the entries"
+           f"{' and seeds' if len(seeds) > 1 else ''}.", ""] if results.command else []),
         "",
     ]
     extra = [f"- {line}" for line in best_summary(results)]
