@@ -17,7 +17,8 @@ are (dy, dx) in cells.
   ``PLACEMENT_REGIONS`` x ``PLACEMENT_REGIONS`` equal regions of the image holds it (absolute position,
   in units of the image side).
 - ``grid_count``: one solid marker, 0-3 content glyphs within Euclidean distance ``COUNT_RADIUS`` cells of
-  it and distractors only farther away; the label is that number (distance without direction).
+  it (1.5: its 8 neighbours) and distractors only farther away; the label is that number (distance
+  without direction).
 - ``grid_lookup_shuffled``: the lookup task's images with their training labels permuted once (a control:
   nothing to learn, so validation accuracy stays at chance); validation labels are the true ones.
 
@@ -61,7 +62,7 @@ for _k, _rows in enumerate(_ART.values()):
 LOOKUP_OFFSETS: dict[int, tuple[int, int]] = {SOLID: (2, 2), RING: (-1, 3)}  # marker -> (dy, dx) of the answer
 DIRECTIONS: tuple[str, ...] = ("E", "NE", "N", "NW", "W", "SW", "S", "SE")
 PLACEMENT_REGIONS = 4  # regions per axis
-COUNT_RADIUS = 2.0  # cells, Euclidean
+COUNT_RADIUS = 1.5  # cells, Euclidean: the 8 neighbours
 COUNT_MAX = 3
 DISTRACTORS = 0.15  # fraction of the free cells holding a content glyph (direction, placement, count)
 
