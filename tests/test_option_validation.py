@@ -45,6 +45,8 @@ BAD: dict[str, list[object]] = {
     "max_distance": COUNT,
     "num_buckets": COUNT,
     "block_size": COUNT,
+    "kernel_size": [*COUNT, 2],  # odd only: the grid keeps its size
+    "after": [-1, 2.5, 1.0, True, "0", None],  # a block index: an int >= 0
     # choices
     "layout": CHOICE[:-1],  # ropend: None = the preset's
     "coords": CHOICE,

@@ -49,7 +49,8 @@ def randomize_(module: nn.Module, seed: int) -> nn.Module:
 
 def encoding(name: str, ndim: int, seed: int, **options: object) -> nn.Module:
     info = vispos.get_info(name, ndim)
-    context = {"dim": EMBED if info.kind == "additive" else HEAD_DIM, "num_heads": HEADS, "train_grid": GRID}
+    context = {"dim": EMBED if info.kind in ("additive", "conditional") else HEAD_DIM, "num_heads": HEADS}
+    context["train_grid"] = GRID
     context |= {"num_prefix_tokens": 0, "causal": False}
     enc = vispos.create_encoding(name, ndim=ndim, **{k: context[k] for k in info.context} | options)
     return randomize_(enc, seed)
@@ -141,7 +142,7 @@ def test_declared_relative_property_matches_behaviour(ndim: int, seed: int) -> N
             continue
         where = GRID if ndim == 2 else N_1D
         enc = encoding(name, ndim, seed)
-        if info.kind == "additive":
+        if info.kind in ("additive", "conditional"):  # tokens (content + table, or transformed content) projected
             wq, wk = content(seed, HEADS, EMBED, HEAD_DIM), content(seed + 1, HEADS, EMBED, HEAD_DIM)
             logits = scheme_logits(enc, where, wq=wq, wk=wk, content=content(seed + 2, EMBED))
         else:

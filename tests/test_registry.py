@@ -36,6 +36,14 @@ def qk(n: int, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.
     return (torch.randn(2, HEADS, n, DIM, generator=g).to(dtype), torch.randn(2, HEADS, n, DIM, generator=g).to(dtype))
 
 
+def run_2d(module: torch.nn.Module, grid: tuple[int, int], dtype: torch.dtype = torch.float32) -> object:
+    """A 2D scheme's output at ``grid``; a conditional scheme transforms tokens [2, H*W, DIM] laid on it."""
+    if module.scheme_info.kind != "conditional":
+        return module(grid)
+    tokens = torch.randn(2, grid[0] * grid[1], DIM, generator=torch.Generator().manual_seed(3))
+    return module(tokens.to(dtype), grid)
+
+
 def scalar_of(out: object, kind: str, n: int) -> torch.Tensor:
     """A scalar that depends on every output of the scheme (for gradients)."""
     g = torch.Generator().manual_seed(2)
@@ -62,6 +70,7 @@ def test_catalogue_has_the_design_names() -> None:
         "string2d",
         "comrope2d",
         "liere2d",
+        "peg2d",
     }
     assert set(SCHEMES_1D) == {
         "sincos1d", "learned1d", "shaw", "t5", "alibi", "rope", "xpos", "mrope", "nope", "ropend",
@@ -83,12 +92,14 @@ def test_declared_trainable_matches_parameters(ndim: int) -> None:
 def test_2d_output_shape_dtype_finite(name: str) -> None:
     info = vispos.get_info(name, 2)
     module = build(name)
-    out = module(GRID)
+    out = run_2d(module, GRID)
     n = GRID[0] * GRID[1]
     if info.kind == "none":
         assert out is None
     elif info.kind == "additive":
         assert out.shape == (n, DIM) and out.dtype == torch.float32 and out.isfinite().all()
+    elif info.kind == "conditional":  # tokens in, tokens out
+        assert out.shape == (2, n, DIM) and out.dtype == torch.float32 and out.isfinite().all()
     elif info.kind == "bias":
         assert out.shape == (HEADS, n, n) and out.dtype == torch.float32 and out.isfinite().all()
     else:
@@ -113,7 +124,7 @@ def test_2d_gradients_reach_every_parameter(name: str) -> None:
     if not info.trainable:
         assert params == {}
         return
-    scalar_of(module(GRID), info.kind, GRID[0] * GRID[1]).backward()
+    scalar_of(run_2d(module, GRID), info.kind, GRID[0] * GRID[1]).backward()
     for pname, p in params.items():
         assert p.grad is not None and p.grad.isfinite().all() and p.grad.abs().sum() > 0, pname
 
@@ -132,7 +143,7 @@ def test_2d_bf16_module_agrees_with_fp32(name: str) -> None:
     info = vispos.get_info(name, 2)
     module = build(name)
     half = copy.deepcopy(module).to(torch.bfloat16)
-    ref, out = module(GRID), half(GRID)
+    ref, out = run_2d(module, GRID), run_2d(half, GRID, torch.bfloat16)
     n = GRID[0] * GRID[1]
     if info.kind == "rotary":  # against fp32 maths on the cast's own rounded parameters (LieRE's are O(2 pi))
         rounded = copy.deepcopy(module)
@@ -271,7 +282,7 @@ def test_rope2d_head_dim_must_split_in_four(name: str, dim: int) -> None:
 @pytest.mark.parametrize("grid", [(0, 4), (3, 0)])
 def test_zero_size_grid_is_refused(name: str, grid: tuple[int, int]) -> None:
     with pytest.raises(ValueError, match=r"positive size"):
-        build(name)(grid)
+        run_2d(build(name), grid)
 
 
 @pytest.mark.parametrize(

@@ -47,6 +47,19 @@ def timm_keep(seed: int, batch: int = 2, tokens: int = GRID, prob: float = 0.5) 
     return torch.argsort(torch.randn(batch, tokens), dim=-1)[:, : max(1, int(tokens * (1 - prob)))]
 
 
+class DroppedAsZeros(torch.nn.Module):
+    """A conditional scheme (peg2d) on the full grid with the dropped patches zeroed: what a row holding only
+    the kept patches gives them (laid at their places on a zero grid)."""
+
+    def __init__(self, inner: torch.nn.Module, kept: torch.Tensor) -> None:
+        super().__init__()
+        self.inner, self.kept = inner, kept  # kept: [B, P + HW] bool
+
+    def forward(self, x: torch.Tensor, grid: tuple[int, int], num_prefix_tokens: int, tokens: None) -> torch.Tensor:
+        assert tokens is None  # the full grid
+        return self.inner(x * self.kept[:, :, None], grid, num_prefix_tokens)
+
+
 def masked_full_grid(model: torch.nn.Module, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     """Features of the kept tokens (prefix first) from a full-grid forward whose keys exclude dropped tokens."""
     p, b = model.num_prefix_tokens, x.shape[0]
@@ -54,10 +67,14 @@ def masked_full_grid(model: torch.nn.Module, x: torch.Tensor, keep: torch.Tensor
     kept[:, :p] = True
     kept.scatter_(1, keep + p, True)
     prob, model.patch_drop.prob = model.patch_drop.prob, 0.0
+    conditional = model.vispos.conditional
+    if conditional is not None:
+        model.vispos.conditional = DroppedAsZeros(conditional, kept)
     try:
         full = model.forward_features(x, attn_mask=kept[:, None, None, :])
     finally:
         model.patch_drop.prob = prob
+        model.vispos.conditional = conditional
     rows = torch.cat((torch.arange(p).expand(b, p), keep + p), dim=1)
     return full.gather(1, rows[:, :, None].expand(-1, -1, full.shape[-1]))
 
@@ -74,7 +91,7 @@ def test_patch_dropout_gives_each_kept_token_its_place_in_the_grid(model: str, s
         torch.testing.assert_close(out, masked_full_grid(net, x, timm_keep(5)), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("scheme", ["rope2d", "relbias2d", "alibi2d"])
+@pytest.mark.parametrize("scheme", ["rope2d", "relbias2d", "alibi2d", "peg2d"])
 def test_the_patch_dropout_check_fails_when_positions_ignore_the_kept_indices(scheme: str) -> None:
     """Negative control: give the kept tokens the positions of the first K grid cells (positions from the
     row's order, as a model that ignores the indices would) and the reference no longer matches."""

@@ -89,7 +89,8 @@ def _describe(settings: dict[str, Any]) -> str:
 
 
 class Positions(nn.Module):
-    """The positional scheme of a patched model: at most one additive and one attention scheme.
+    """The positional scheme of a patched model: at most one additive, one attention and one conditional scheme
+    (``conditional``: applied by the host to the tokens after one block, ``apply_conditional``).
 
     ``settings`` says which schemes, with which options, at which training grid (and, once
     ``vispos.configure`` has run, the inference settings; ``inherited`` names the pretrained RoPE whose
@@ -111,10 +112,12 @@ class Positions(nn.Module):
         schemes: list[str],
         options: dict[str, Any],
         inherited: dict[str, str] | None = None,
+        conditional: nn.Module | None = None,
     ) -> None:
         super().__init__()
         self.additive = additive
         self.attention = attention
+        self.conditional = conditional  # tokens after block ``conditional.after`` (peg2d); None: no such scheme
         self.attention_kind = attention_kind
         self.depth = depth
         self.num_prefix_tokens = num_prefix_tokens
@@ -307,6 +310,13 @@ class Positions(nn.Module):
         if self.additive is None or not self.enabled:
             return x
         return x + self.additive(grid, x.device).to(x.dtype)
+
+    def apply_conditional(self, x: torch.Tensor, ctx: PositionContext) -> torch.Tensor:
+        """Tokens [B, P + H*W, C] (or the row's subset, ``ctx.tokens``) after block ``conditional.after``
+        -> the conditional scheme's output at the context's grid (unchanged when there is none, or disabled)."""
+        if self.conditional is None or not self.enabled:
+            return x
+        return self.conditional(x, ctx.grid, self.num_prefix_tokens, ctx.tokens)
 
     def add_to_prefix(self, tokens: torch.Tensor) -> torch.Tensor:
         """Prefix tokens [B, P, C] + the additive scheme's prefix rows (``prefix`` [P, C]), if it has them."""

@@ -15,20 +15,22 @@ from typing import Literal, TypeVar
 
 from torch import nn
 
-Kind = Literal["additive", "rotary", "bias", "relative_kv", "none"]
+Kind = Literal["additive", "rotary", "bias", "relative_kv", "conditional", "none"]
 # How each kind enters a transformer (also the "acts on" column of the property table).
 ACTS_ON: dict[str, str] = {
     "additive": "embedding (added)",
     "rotary": "q, k",
     "bias": "attention logits",
     "relative_kv": "q.k and value sum",
+    "conditional": "tokens after a block (conv on the grid)",
     "none": "-",
 }
 KINDS: tuple[str, ...] = tuple(ACTS_ON)
 
 # What a host injects into a scheme's constructor, by name; each scheme declares the subset it takes.
 CONTEXT: dict[str, str] = {
-    "dim": "channels the scheme acts on: the token width (additive schemes) or the head width (attention schemes)",
+    "dim": "channels the scheme acts on: the token width (additive and conditional schemes) or the head width "
+    "(attention schemes)",
     "num_heads": "attention heads",
     "train_grid": "the (H, W) patch grid of the training resolution (2D)",
     "num_prefix_tokens": "prefix tokens (cls, distillation, registers) the scheme gives entries of their own (2D): "

@@ -62,13 +62,22 @@ def scheme_logits(
     - relative_kv (Shaw): ``q`` required; q . a(q' - p) * scale, plus q . k * scale when ``k`` is given.
     - additive: projections ``wq``, ``wk`` [heads, C, head_dim]; tokens x_p = content + PE_p
       (``content`` [C], default zero: the position-only part PE_p W_q . PE_q' W_k), logits x_p W_q . x_q' W_k * scale.
+    - conditional (2D): as additive, with tokens x_p = the scheme applied to ``content`` at every position
+      (PEG: content + conv; positions show where the kernel meets the border).
     - none: the content logit q . k * scale (constant), or zeros [1, N, N].
     """
     info = getattr(encoding, "scheme_info", None)
     if info is None:
         raise TypeError(f"{type(encoding).__name__} carries no scheme_info; build it with vispos.create_encoding")
     device = _device(q, wq, module=encoding)
-    if info.ndim == 2:
+    if info.ndim == 2 and info.kind == "conditional":
+        where = check_grid(where)
+        n = where[0] * where[1]
+        if wq is None or wk is None:
+            raise ValueError(f"{info.name} (conditional) needs projections wq= and wk= [heads, C, head_dim]")
+        tokens = wq.new_zeros(wq.shape[1]) if content is None else content.to(wq)
+        out, content = encoding(tokens.expand(1, n, -1), where)[0], None  # [N, C]: the transformed tokens
+    elif info.ndim == 2:
         where = check_grid(where)
         out = encoding(where, device)
         n = where[0] * where[1]
@@ -81,7 +90,7 @@ def scheme_logits(
         raise ValueError(f"{info.name} ({info.kind}) needs content vectors q= (and k=) [head_dim] or [heads, head_dim]")
     if info.kind == "rotary" and k is None:
         raise ValueError(f"{info.name} (rotary) needs content vectors q= and k=")
-    if info.kind == "additive":
+    if info.kind in ("additive", "conditional"):
         if wq is None or wk is None:
             raise ValueError(f"{info.name} (additive) needs projections wq= and wk= [heads, C, head_dim]")
         x = out if content is None else out + content  # [N, C]
@@ -124,7 +133,9 @@ def layer_logits(
     ``_pos_embed`` (additive table, prefix tokens), then, with ``norm=True``, ``norm_pre`` and the
     block's ``norm1`` (the exact input of the first layer), then the layer's own ``positioned`` path
     (the one its forward feeds to SDPA): qkv projection, q/k norms, rotation, logit scale and bias
-    mask. Prefix tokens take part (RoPE leaves them unrotated) and are dropped from the result.
+    mask. A conditional scheme (peg2d) placed before the layer (``after < layer``) transforms the tokens
+    before ``norm1`` (the blocks in between are left out, as for any layer past the first). Prefix tokens
+    take part (RoPE leaves them unrotated) and are dropped from the result.
     ``content=None`` gives the position-only part where position alone makes logits: an additive table
     (its PE_p W_q . PE_q' W_k) and a bias (the bias itself); a rotary scheme without an additive table
     has nothing to rotate then (zero tokens: q and k are the qkv biases alone, all-zero logits on a
@@ -156,9 +167,14 @@ def layer_logits(
         x = x + content.to(x)
     x = model._pos_embed(x)
     x = x[0] if isinstance(x, tuple) else x  # Eva returns (x, rope)
+    ctx = pos.context((h, w), x.device)
     if norm:
-        x = block.norm1(model.norm_pre(x))
-    q, k, _, scale, mask = attn.positioned(x, pos.context((h, w), x.device))  # [1, heads, P + HW, head_dim]
+        x = model.norm_pre(x)
+    if pos.conditional is not None and pos.conditional.after < layer:
+        x = pos.apply_conditional(x, ctx)
+    if norm:
+        x = block.norm1(x)
+    q, k, _, scale, mask = attn.positioned(x, ctx)  # [1, heads, P + HW, head_dim]
     logits = (q @ k.transpose(-2, -1)) * scale  # [1, heads, P + HW, P + HW]
     if mask is not None:
         logits = logits + mask.to(logits.dtype)  # [1, heads, P + HW, P + HW]

@@ -48,13 +48,14 @@ class SchemeReport:
 
 
 def _display_order(name: str) -> tuple[int, str]:
-    """Absolute tables first, then rotary, then biases, then nope."""
-    kinds = ("additive", "rotary", "bias", "relative_kv", "none")
+    """Absolute tables first, then rotary, then biases, then conditional schemes, then nope."""
+    kinds = ("additive", "rotary", "bias", "relative_kv", "conditional", "none")
     return kinds.index(get_info(name, ndim=2).kind), name
 
 
 def build_layer(name: str, *, grid: tuple[int, int], embed_dim: int, num_heads: int, patch_size: int = 4) -> nn.Module:
-    """A one-block random ViT (cls token) at ``grid``, patched with ``name``, in eval mode."""
+    """A one-block random ViT (cls token) at ``grid``, patched with ``name``, in eval mode; two blocks for a
+    conditional scheme (peg2d after the first: its positions reach the second layer)."""
     h, w = grid
     model = create_model(
         "vit_tiny_patch16_224",  # timm's default ViT block; every size below overrides the tiny one
@@ -62,7 +63,7 @@ def build_layer(name: str, *, grid: tuple[int, int], embed_dim: int, num_heads: 
         img_size=(h * patch_size, w * patch_size),
         patch_size=patch_size,
         embed_dim=embed_dim,
-        depth=1,
+        depth=2 if get_info(name, ndim=2).kind == "conditional" else 1,
         num_heads=num_heads,
         num_classes=0,
     )
@@ -80,7 +81,7 @@ def measure_schemes(
     """Translation error and cross-term per head for each 2D scheme (default: all) on one random layer.
 
     The layer sees the same random content vector at every patch (plus the scheme's table for additive
-    schemes). Global RNG state is restored afterwards.
+    schemes, through the PEG for a conditional one). Global RNG state is restored afterwards.
     """
     grid = check_grid(grid)
     check_int("seed", seed)
@@ -91,7 +92,7 @@ def measure_schemes(
             torch.manual_seed(seed)  # same content and qkv weights for every scheme
             content = torch.randn(embed_dim)
             model = build_layer(name, grid=grid, embed_dim=embed_dim, num_heads=num_heads)
-            logits = layer_logits(model, grid, content=content)  # [heads, HW, HW]
+            logits = layer_logits(model, grid, layer=len(model.blocks) - 1, content=content)  # [heads, HW, HW]
             reports.append(
                 SchemeReport(
                     name=name,

@@ -17,6 +17,7 @@ schemes) when ``vispos`` is. The contract:
   | rotary | ``Rotary`` (cos/sin [(heads,) N, head_dim] in fp32) |
   | bias | additive logits [heads, N, N] (1D may add a batch dim) |
   | relative_kv | ``ShawTables`` |
+  | conditional | 2D: ``forward(x [B, P + H*W, dim], grid, num_prefix_tokens, tokens)``, the tokens transformed |
   | none | None |
 
 - ``per_layer=True``: one instance per transformer layer (trainable attention schemes);
@@ -45,7 +46,7 @@ from .learned import Learned1d, Learned2d
 from .liere import Liere2d, generator_rotations
 from .mrope import MRope, mrope_positions
 from .nope import NoPE
-from .peg import Peg2d, add_peg, peg_2d
+from .peg import Peg2d, peg_2d, peg_2d_subset
 from .relbias import ContinuousBias2d, RelBias2d, relative_index_2d
 from .rope import Rope, Rotary, apply_rope
 from .rope2d import Rope2d, Rope2dMixed
@@ -66,5 +67,5 @@ __all__ = [
     "T5Bias", "XPos", "alibi_slopes", "apply_rope", "mrope_positions", "relative_index_2d", "scaled_inv_freq",
     "sincos_1d", "sincos_2d", "t5_bucket",
     "ComRope2d", "Liere2d", "Rope2dGolden", "RopeNd", "String2d", "fold_string", "generator_rotations",
-    "Peg2d", "add_peg", "peg_2d",
+    "Peg2d", "peg_2d", "peg_2d_subset",
 ]  # fmt: skip

@@ -6,21 +6,24 @@ and PVT v2 use it, timm as ``twins.PosConv``). Positions come from the zero padd
 the encoding is defined on any grid (resolution-agnostic by construction), but it is not relative: a
 token near a border sees the padding. Prefix tokens (cls, registers) pass unchanged, as in CPVT.
 
-``add_peg(model, after=0)`` puts one after block ``after`` of a ``vispos.patch``-ed timm ViT (CPVT's
-place: after the first block), as a forward hook on that block that reads the grid from vispos's
-positional context; its weights are ``model.peg.*`` in the state dict.
+``peg2d`` is the catalogue's ``conditional`` kind: it acts on the tokens between blocks, not on the
+embedding or inside attention, so it sits beside at most one additive and one attention scheme
+(``vispos.patch(model, "peg2d", after=0)``, ``vispos.patch(model, ["peg2d", "rope2d"])``); ``after``
+is the block it follows (CPVT's place: the first, 0).
+
+A row holding only some patch tokens (timm's patch dropout, an MAE encoder's kept tokens: ``tokens``)
+has them laid at their own places on a zero grid: a dropped patch reads as zero padding, as the border.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
-from .._validate import check_dim, check_grid, check_int
+from .._validate import _symbolic, check_dim, check_grid, check_int
+from ..registry import register
 
 
 def peg_2d(x: torch.Tensor, grid: tuple[int, int], weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -35,56 +38,61 @@ def peg_2d(x: torch.Tensor, grid: tuple[int, int], weight: torch.Tensor, bias: t
     return rearrange(out + feat, "b c h w -> b (h w) c")
 
 
+def peg_2d_subset(
+    x: torch.Tensor, keep: torch.Tensor, grid: tuple[int, int], weight: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """Some patch tokens x [B, K, C] at distinct grid places ``keep`` [B, K] (row-major) -> x + depthwise
+    conv [B, K, C], the missing patches read as zeros (``peg_2d`` of the zero grid holding x, at ``keep``)."""
+    b, _, c = x.shape
+    index = keep[:, :, None].expand(-1, -1, c)  # [B, K, C]
+    full = x.new_zeros(b, grid[0] * grid[1], c).scatter(1, index, x)  # [B, H*W, C]
+    return peg_2d(full, grid, weight, bias).gather(1, index)
+
+
+@register("peg2d", ndim=2, kind="conditional", trainable=True, relative=False, context=("dim",),
+    summary="CPVT's PEG: x + depthwise k x k conv of the patch tokens on their grid, after block `after`; "
+    "equals timm's twins.PosConv (tested)",
+    extrapolation="any grid (the same conv; positions from the zero padding at the borders)",
+    reference="Chu et al. 2023 (CPVT); timm twins.PosConv")  # fmt: skip
 class Peg2d(nn.Module):
     """PEG: tokens [B, P + H*W, C] -> the same with x + DWConv(x) on the patch tokens; prefix untouched.
 
     ``proj`` is a ``Conv2d(dim, dim, kernel_size, padding=kernel_size // 2, groups=dim)``, as timm's
-    ``PosConv.proj[0]``, so weights move between the two as they are.
+    ``PosConv.proj[0]``, so weights move between the two as they are. ``after``: the block whose output
+    it transforms (read by the host: ``vispos.patch``).
     """
 
-    def __init__(self, *, dim: int, kernel_size: int = 3) -> None:
+    def __init__(self, *, dim: int, kernel_size: int = 3, after: int = 0) -> None:
         super().__init__()
         self.dim = check_dim(dim, 1, "peg2d", what="token width")
         self.kernel_size = check_int("kernel_size", kernel_size, minimum=1)
         if self.kernel_size % 2 == 0:
             raise ValueError(f"kernel_size must be odd (the grid keeps its size), got {kernel_size}")
+        self.after = check_int("after", after, minimum=0)
         k = self.kernel_size
         self.proj = nn.Conv2d(self.dim, self.dim, k, padding=k // 2, groups=self.dim, bias=True)
 
-    def forward(self, x: torch.Tensor, grid: tuple[int, int], num_prefix_tokens: int = 0) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        grid: tuple[int, int],
+        num_prefix_tokens: int = 0,
+        tokens: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """x [B, P + H*W, C] -> [B, P + H*W, C]. ``tokens`` [B, P + K]: the row holds only these of the
+        P + H*W tokens (``PositionContext.tokens``: the prefix first, then K distinct patches), x [B, P + K, C]."""
         h, w = check_grid(grid)
-        if x.shape[1] != num_prefix_tokens + h * w:
-            raise ValueError(f"{x.shape[1]} tokens do not fit {num_prefix_tokens} prefix tokens + a {h}x{w} grid")
-        prefix, patches = x[:, :num_prefix_tokens], x[:, num_prefix_tokens:]
-        return torch.cat((prefix, peg_2d(patches, (h, w), self.proj.weight, self.proj.bias)), dim=1)
-
-    def after_block(self, block: nn.Module, args: tuple, kwargs: dict[str, Any], out: torch.Tensor) -> torch.Tensor:
-        """Forward hook of the block the PEG follows: its output, with the PEG applied at the context's grid.
-        (A bound method, so ``copy.deepcopy`` and pickling of the model carry it to the copy's PEG.)"""
-        ctx = kwargs.get("attn_mask", args[1] if len(args) > 1 else None)
-        if not hasattr(ctx, "grid"):
-            raise RuntimeError("the PEG needs vispos's positional context: call the patched model's forward")
-        return self(out, ctx.grid, ctx.positions.num_prefix_tokens)
+        p = num_prefix_tokens
+        expected = p + h * w if tokens is None else tokens.shape[1]
+        if not (_symbolic(x.shape[1]) or _symbolic(expected)) and x.shape[1] != expected:
+            held = f"{h}x{w} grid" if tokens is None else f"subset of {expected - p} patches"
+            raise ValueError(f"{x.shape[1]} tokens do not fit {p} prefix tokens + a {held}")
+        prefix, patches = x[:, :p], x[:, p:]
+        if tokens is None:
+            out = peg_2d(patches, (h, w), self.proj.weight, self.proj.bias)
+        else:
+            out = peg_2d_subset(patches, tokens[:, p:] - p, (h, w), self.proj.weight, self.proj.bias)
+        return torch.cat((prefix, out), dim=1)
 
     def extra_repr(self) -> str:
-        return f"dim={self.dim}, kernel_size={self.kernel_size}"
-
-
-def add_peg(model: nn.Module, *, after: int = 0, kernel_size: int = 3) -> nn.Module:
-    """Add a PEG after block ``after`` of a ``vispos.patch``-ed timm ViT (in place; returns the model).
-
-    The PEG is ``model.peg``; a forward hook on ``model.blocks[after]`` applies it to the block's output
-    with the grid and prefix count of the forward's positional context. Combine with any vispos scheme
-    (CPVT: ``pos="nope"``, the PEG alone).
-    """
-    if not hasattr(getattr(model, "vispos", None), "context"):
-        raise ValueError("add_peg needs a model patched by vispos (vispos.patch(model, ...)) for its token grid")
-    if getattr(model, "peg", None) is not None:
-        raise ValueError("this model already has a PEG (model.peg)")
-    depth = len(model.blocks)
-    after = check_int("after", after, minimum=0)
-    if after >= depth:
-        raise ValueError(f"after={after} is out of range; the model has {depth} blocks (0 to {depth - 1})")
-    model.peg = Peg2d(dim=model.embed_dim, kernel_size=kernel_size).to(next(model.parameters()).device)
-    model.blocks[after].register_forward_hook(model.peg.after_block, with_kwargs=True)
-    return model
+        return f"dim={self.dim}, kernel_size={self.kernel_size}, after={self.after}"

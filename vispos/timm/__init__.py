@@ -25,7 +25,8 @@ What the adapter touches in timm, and what for:
   ``forward_features``, ``forward_intermediates`` (called through ``super()`` with ``attn_mask=``),
   ``no_weight_decay``, ``group_matcher`` (both extend timm's result).
 - Block call convention: every block's ``forward(x, attn_mask=..., is_causal=...)`` passes both on to
-  ``block.attn`` (timm >= 1.0.26); Eva blocks also pass ``rope=``. The positions travel in ``attn_mask``.
+  ``block.attn`` (timm >= 1.0.26); Eva blocks also pass ``rope=``. The positions travel in ``attn_mask``;
+  a conditional scheme's forward hook on ``blocks[after]`` reads them there (keyword, or second argument).
 - Model attributes read: ``blocks``, ``patch_embed``, ``embed_dim``, ``num_prefix_tokens``,
   ``no_embed_class``, ``cls_token`` / ``dist_token`` / ``reg_token``, ``pos_embed``, ``pos_drop``,
   ``patch_drop`` (``prob``, ``num_prefix_tokens``, ``ordered``), ``norm_pre``, ``norm``,

@@ -26,6 +26,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..positions import PositionContext, Positions
+from .attention import require_context
 from .inherit import timm_freqs
 
 PREFIX_TOKENS: tuple[str, ...] = ("cls_token", "dist_token", "reg_token")  # timm's order
@@ -76,10 +77,27 @@ def embed_tokens(positions: Positions, x: torch.Tensor, prefix: list[torch.Tenso
     return torch.cat((positions.add_to_prefix(tokens), x), dim=1)
 
 
+def conditional_tokens(x: torch.Tensor, ctx: PositionContext) -> torch.Tensor:
+    """Tokens [B, P + H*W, C] after the block a conditional scheme follows -> that scheme's output."""
+    require_context(ctx)
+    return ctx.positions.apply_conditional(x, ctx)
+
+
+def after_block(block: nn.Module, args: tuple, kwargs: dict[str, Any], out: torch.Tensor) -> torch.Tensor:
+    """Forward hook that ``patch`` puts on ``blocks[after]`` when there is a conditional scheme (peg2d): the
+    block's output with the scheme applied, at the grid of the context the block was called with (its
+    ``attn_mask``). Every call of the block runs it: ``forward_features`` (gradient checkpointing
+    included), timm's ``forward_intermediates``, a loop of one's own over the blocks with the context.
+    A module-level function, so copies and pickles of the model carry it."""
+    ctx = kwargs["attn_mask"] if "attn_mask" in kwargs else args[1] if len(args) > 1 else None
+    return conditional_tokens(out, ctx)
+
+
 torch.fx.wrap("token_grid")
 torch.fx.wrap("position_context")
 torch.fx.wrap("drop_patches")
 torch.fx.wrap("embed_tokens")
+torch.fx.wrap("conditional_tokens")
 
 
 class PatchedViT:
@@ -99,12 +117,18 @@ class PatchedViT:
         return own | {f"vispos.{name}" for name, _ in self.vispos.named_parameters()}
 
     def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
-        """timm's groups, with per-layer positional parameters in their block and the rest in the stem."""
+        """timm's groups, with per-layer positional parameters in their block, a conditional scheme in the
+        block it follows, and the rest in the stem."""
         matcher = dict(super().group_matcher(coarse))
         matcher["stem"] = rf"{matcher['stem']}|^vispos\.additive|^vispos\.attention\.(?!\d)"
         blocks = matcher["blocks"]
         per_layer = r"^vispos\.attention\.(\d+)"
         matcher["blocks"] = [(per_layer, None), *blocks] if isinstance(blocks, list) else rf"{blocks}|{per_layer}"
+        conditional = self.vispos.conditional
+        if conditional is not None and isinstance(blocks, list):
+            matcher["blocks"].insert(0, (r"^vispos\.conditional\.", (conditional.after,)))
+        elif conditional is not None:  # a single regex cannot name a fixed block: the stem
+            matcher["stem"] += r"|^vispos\.conditional\."
         return matcher
 
     def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False) -> Any:

@@ -8,6 +8,8 @@ What changes on the one model it is given (never on timm's classes):
 - the model's class becomes ``patched_class(type(model))`` (``model.py``), whose ``_pos_embed``,
   ``forward_features`` and ``forward_intermediates`` use those positions.
 - the patch embedding emits NHWC grids (timm's ``dynamic_img_size``), so any input it accepts works.
+- with a conditional scheme (``peg2d``), ``blocks[after]`` gets a forward hook (``model.after_block``) that
+  applies it to that block's output, whoever calls the block with the context.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from ..positions import Positions
 from ..registry import SchemeInfo, build_in_context, get_info, list_encodings, split_options
 from .attention import SUPPORTED_ATTENTION, PatchedAttention
 from .inherit import OwnRope, adopt_freqs, merge_options, own_rope, warn
-from .model import PatchedViT, adopt_timm_checkpoint, patched_class
+from .model import PatchedViT, adopt_timm_checkpoint, after_block, patched_class
 
 SUPPORTED_MODELS: tuple[type, ...] = (VisionTransformer, Eva)
 
@@ -36,20 +38,25 @@ SUPPORTED_MODELS: tuple[type, ...] = (VisionTransformer, Eva)
 # --- patch ----------------------------------------------------------------------------------------
 
 
-def _resolve_schemes(pos: str | list[str] | tuple[str, ...]) -> tuple[SchemeInfo | None, SchemeInfo | None]:
+def _resolve_schemes(
+    pos: str | list[str] | tuple[str, ...],
+) -> tuple[SchemeInfo | None, SchemeInfo | None, SchemeInfo | None]:
+    """(additive, attention, conditional) schemes named by ``pos``: at most one of each."""
     names = [pos] if isinstance(pos, str) else list(pos) if isinstance(pos, (list, tuple)) else None
     if not names or not all(isinstance(n, str) for n in names):
         raise TypeError(f"pos must be a scheme name or a list of names, got {pos!r}")
     infos = [get_info(n, ndim=2) for n in names]
     additive = [i for i in infos if i.kind == "additive"]
     attention = [i for i in infos if i.kind in ("rotary", "bias")]
-    if len(additive) > 1 or len(attention) > 1:
+    conditional = [i for i in infos if i.kind == "conditional"]
+    if len(additive) > 1 or len(attention) > 1 or len(conditional) > 1:
         raise ValueError(
-            f"combine at most one additive scheme with one attention scheme, got {names}; "
+            f"combine at most one additive scheme, one attention scheme and one conditional scheme, got {names}; "
             f"additive: {', '.join(list_encodings(2, kind='additive'))}; "
-            f"attention: {', '.join(list_encodings(2, kind=('rotary', 'bias')))}"
+            f"attention: {', '.join(list_encodings(2, kind=('rotary', 'bias')))}; "
+            f"conditional: {', '.join(list_encodings(2, kind='conditional'))}"
         )
-    return (additive[0] if additive else None), (attention[0] if attention else None)
+    return tuple(group[0] if group else None for group in (additive, attention, conditional))
 
 
 # timm families whose attention carries a relative position bias of its own (not replaced by vispos)
@@ -98,7 +105,9 @@ def _build(info: SchemeInfo, context: dict[str, Any], options: dict[str, Any], c
 def patch(
     model: nn.Module, pos: str | list[str] | tuple[str, ...], *, inherit: bool = True, **options: Any
 ) -> nn.Module:
-    """Give a timm ViT the positional scheme ``pos`` (one name, or an additive + an attention scheme).
+    """Give a timm ViT the positional scheme ``pos``: one name, or a list of at most one additive, one
+    attention and one conditional scheme (``peg2d``: on the tokens after block ``after``, a forward hook
+    on that block).
 
     In place; returns the model. Scheme options (``theta``, ``coords``, ``scaling``...) go to the
     scheme that accepts them; what the model determines (widths, heads, grid) is not an option.
@@ -114,12 +123,12 @@ def patch(
     """
     check_bool("inherit", inherit)
     _check_model(model)
-    additive, attention = _resolve_schemes(pos)
+    additive, attention, conditional = _resolve_schemes(pos)
     own = own_rope(model) if inherit else None
     if own is not None:
         additive, attention = _inheriting(model, own, additive, attention)
     kept = own if own is not None and attention is not None and attention.name == own.scheme else None
-    used = [i for i in (additive, attention) if i is not None]
+    used = [i for i in (additive, attention, conditional) if i is not None]
     per_scheme = dict(zip([i.name for i in used], split_options(used, options), strict=True))
     if kept is not None:
         per_scheme[kept.scheme] = merge_options(kept, per_scheme[kept.scheme])
@@ -142,6 +151,14 @@ def patch(
         att_module = _build(attention, att_context, per_scheme[attention.name], depth)
         if kept is not None and kept.freqs is not None:
             adopt_freqs(att_module, kept)
+    cond_module = None
+    if conditional is not None:
+        cond_module = build_in_context(conditional, {"dim": model.embed_dim}, per_scheme[conditional.name])
+        if cond_module.after >= depth:
+            raise ValueError(
+                f"{conditional.name}: after={cond_module.after} is out of range; the model has {depth} blocks "
+                f"(after=0 to {depth - 1})"
+            )
 
     model.vispos = Positions(
         additive=add_module,
@@ -153,12 +170,15 @@ def patch(
         schemes=[i.name for i in used] or ["nope"],
         options={k: v for scheme_options in per_scheme.values() for k, v in scheme_options.items()},
         inherited=kept.record() if kept is not None else None,
+        conditional=cond_module,
     )
     model.pos_embed = None
     if isinstance(model, Eva):
         model.rope, model.rope_mixed = None, False
     for i, blk in enumerate(model.blocks):
         blk.attn = PatchedAttention(blk.attn, layer_idx=i)
+    if cond_module is not None:  # applied to that block's output on every call with the context
+        model.blocks[cond_module.after].register_forward_hook(after_block, with_kwargs=True)
     pe = model.patch_embed
     pe.flatten, pe.output_fmt, pe.strict_img_size = False, Format.NHWC, False  # dynamic_img_pad stays as it was
     model.dynamic_img_size = True
