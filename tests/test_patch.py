@@ -191,11 +191,10 @@ def test_create_model_records_the_scheme() -> None:
 
 
 BF16_TOL = 0.02  # relative error of the features, ||a - b|| / ||b||; bf16 keeps 8 bits (0.4 %) per value
-BF16_NAN = pytest.mark.xfail(strict=True, reason="NaN under bf16 autocast (the scheme's rotation in bf16)")
 
 
 @pytest.mark.parametrize(
-    "scheme", [pytest.param(s, marks=BF16_NAN) if s in ("comrope2d", "liere2d") else s for s in SCHEMES if s != "nope"]
+    "scheme", [s for s in SCHEMES if s != "nope"]
 )
 def test_bf16_autocast_error_is_below_a_tolerance_that_tells_the_scheme_from_no_positions(scheme: str) -> None:
     """Under bf16 autocast the features move by less than BF16_TOL; the same weights without positions

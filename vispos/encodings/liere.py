@@ -23,9 +23,9 @@ from .rope2d import COORDS, grid_coords
 def generator_rotations(coords: torch.Tensor, generators: torch.Tensor) -> torch.Tensor:
     """Block rotations exp(sum_k p_k A_km): coords [N, A] x generators [(heads,) A, M, b, b] (skew) ->
     [(heads,) N, M, b, b], in fp32 (``torch.linalg.matrix_exp``)."""
-    gen = generators.float()
-    summed = torch.einsum("na,...amij->...nmij", coords.float(), gen)  # [(heads,) N, M, b, b]
-    return torch.linalg.matrix_exp(summed.contiguous())
+    with torch.autocast(coords.device.type, enabled=False):  # autocast would run the einsum in bf16 / fp16
+        summed = torch.einsum("na,...amij->...nmij", coords.float(), generators.float())  # [(heads,) N, M, b, b]
+        return torch.linalg.matrix_exp(summed.contiguous())
 
 
 def upper_skew(raw: torch.Tensor) -> torch.Tensor:

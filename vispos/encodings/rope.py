@@ -58,7 +58,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: st
 
 def change_basis(x: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
     """x [B, heads, N, d] -> P^T x per token (row form: x @ P) with P = ``basis`` [(heads,) d, d], fp32 out."""
-    return x.float() @ basis.float()  # [B, heads, N, d] @ [(heads,) d, d]: one matrix per head
+    with torch.autocast(x.device.type, enabled=False):  # fp32 under autocast too
+        return x.float() @ basis.float()  # [B, heads, N, d] @ [(heads,) d, d]: one matrix per head
 
 
 def apply_blocks(x: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
@@ -66,7 +67,9 @@ def apply_blocks(x: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
     multiplied by its b x b matrix. fp32 maths, x's dtype out."""
     b = blocks.shape[-1]
     xb = rearrange(x.float(), "... n (m b) -> ... n m b 1", b=b)  # [..., N, d/b, b, 1]
-    return rearrange(blocks @ xb, "... n m b 1 -> ... n (m b)").to(x.dtype)
+    with torch.autocast(x.device.type, enabled=False):  # fp32 under autocast too
+        out = blocks.float() @ xb
+    return rearrange(out, "... n m b 1 -> ... n (m b)").to(x.dtype)
 
 
 @dataclass
