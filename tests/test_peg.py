@@ -255,3 +255,22 @@ def test_peg2d_is_in_the_catalogue_as_a_conditional_scheme() -> None:
     assert info.options == ["kernel_size", "after"] and info.context == ("dim",)
     assert "| `peg2d` | 2D | conditional | tokens after a block (conv on the grid) | yes | no |" in vispos.describe(2)
     assert vispos.list_encodings(2, kind="conditional") == ["peg2d"]
+
+
+def test_layer_logits_past_the_peg_see_its_positions() -> None:
+    """``layer_logits`` of a layer after the PEG: q . k of the layer's own projections on the PEG's tokens
+    (content at every patch, timm's PosConv), by hand; the layer before it sees content alone (constant)."""
+    from vispos.diagnostics import layer_logits, translation_error
+
+    model, _ = patched_and_plain("vit", after=0)
+    c, p, (h, w) = randn(7, DIM), model.num_prefix_tokens, (6, 8)
+    with torch.no_grad():
+        tokens = model._pos_embed(c.expand(1, h, w, DIM))  # [1, P + HW, C]: prefix tokens, then the content
+        tokens = torch.cat((tokens[:, :p], timm_posconv(model)(tokens[:, p:], (h, w))), dim=1)
+        attn = model.blocks[1].attn
+        q, k, _ = attn.qkv(tokens).reshape(1, -1, 3, 2, DIM // 2).permute(2, 0, 3, 1, 4)  # [1, heads, N, d] each
+        expected = (q @ k.transpose(-2, -1) * attn.scale)[0, :, p:, p:]
+        torch.testing.assert_close(layer_logits(model, (h, w), layer=1, content=c), expected, rtol=1e-5, atol=1e-5)
+        assert translation_error(expected, (h, w)).min() > 1e-2  # the borders: not relative
+        first = layer_logits(model, (h, w), layer=0, content=c)
+        torch.testing.assert_close(first, first[:, :1, :1].expand_as(first), rtol=1e-5, atol=1e-5)
