@@ -1,8 +1,9 @@
 """The positional part of a patched 2D model, independent of any model library.
 
-``Positions`` holds at most one additive and one attention scheme and builds, once per forward and
-from the actual patch grid, a ``PositionContext``: what every layer's attention needs (rotations,
-additive masks, a logit scale). Hosts (the timm adapter) hand that context to their attention layers.
+``Positions`` holds at most one additive, one attention and one conditional scheme and builds, once per
+forward and from the actual patch grid, a ``PositionContext``: what every layer's attention needs
+(rotations, additive masks, a logit scale). Hosts (the timm adapter) hand that context to their attention
+layers, and apply the conditional scheme (``apply_conditional``) to the tokens after its block.
 """
 
 from __future__ import annotations
