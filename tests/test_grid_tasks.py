@@ -4,6 +4,7 @@ new image at the evaluation grid, the shuffled-label control, and a tiny end-to-
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from train import grid_report
 from train.config import ConfigError
 from train.data import DataError, build_data
 from train.experiment import run_experiment
@@ -114,6 +116,10 @@ def test_count_task_keeps_distractors_outside_the_radius_and_lookup_fills_the_gr
         far += sum(c is not None and (cy - y) ** 2 + (cx - x) ** 2 > COUNT_RADIUS**2
                    for cy, row in enumerate(cells) for cx, c in enumerate(row))
     assert far > 0  # distractors exist, and the rule above counted only the near ones
+    images, labels = generate("grid_count", grid=8, per_class=300, seed=1)  # the total says nothing about the label
+    total = (images.view(len(images), 8, 4, 8, 4).amax(dim=(2, 4)) > 0).sum(dim=(1, 2)).float() - 1  # glyphs
+    means = [total[labels == k].mean().item() for k in range(4)]
+    assert max(means) - min(means) < 0.6, means
     images, _ = generate("grid_lookup", grid=8, per_class=5, seed=0)
     assert all(sum(c is None for row in decode(im) for c in row) == 0 for im in images)
 
@@ -180,3 +186,21 @@ def test_tiny_grid_run_reports_every_size_and_protocol(tmp_path: Path) -> None:
     assert acc["resize"][32] == acc["canvas"][32]  # the training grid: one image set
     assert "drawn by the grid_lookup rule" in (tmp_path / "results.md").read_text()
     assert np.isfinite(result.schemes["rope2d"].train.train_loss)
+
+
+def test_tiny_quick_config_reports_across_tasks_with_the_control(tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    tiny = [f"out_dir={tmp_path / 'runs'}", "data.train_per_class=16", "data.val_per_class=2", "train.batch_size=32",
+            "train.epochs=1", "eval.scales=[1,2]", "model.depth=1", "model.embed_dim=16",
+            "schemes=[rope2d,nope,rope2d+linear]"]
+    assert grid_report.main(["--config", "configs/grid_tasks_quick.yaml", "--out", str(out), "--quiet", *tiny,
+                             "--tasks", "grid_lookup", "grid_placement", "grid_lookup_shuffled"]) == 0
+    md = (out / "results.md").read_text()
+    assert "### grid_placement (16 classes, chance 6.2)" in md and "| rope2d+linear |" in md
+    control = md.split("### grid_lookup_shuffled")[1].split("##")[0]
+    assert "| rope2d |" in control and "| nope |" not in control  # the control trains --control-schemes only
+    headline = md.split("## headline")[1]
+    assert "lookup 16x16" in headline and "placement 8x8" in headline and "lookup_shuffled" not in headline
+    saved = json.loads((out / "results.json").read_text())
+    assert set(saved) == {"grid_lookup", "grid_placement", "grid_lookup_shuffled"}
+    assert saved["grid_placement"]["sizes"] == [32, 64] and (out / "accuracy.png").stat().st_size > 0

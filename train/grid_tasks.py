@@ -17,8 +17,8 @@ are (dy, dx) in cells.
   ``PLACEMENT_REGIONS`` x ``PLACEMENT_REGIONS`` equal regions of the image holds it (absolute position,
   in units of the image side).
 - ``grid_count``: one solid marker, 0-3 content glyphs within Euclidean distance ``COUNT_RADIUS`` cells of
-  it (1.5: its 8 neighbours) and distractors only farther away; the label is that number (distance
-  without direction).
+  it (1.5: its 8 neighbours) and distractors only farther away, as many as make the total number of
+  glyphs independent of the label; the label is that number (distance without direction).
 - ``grid_lookup_shuffled``: the lookup task's images with their training labels permuted once (a control:
   nothing to learn, so validation accuracy stays at chance); validation labels are the true ones.
 
@@ -169,8 +169,14 @@ def count_cells(rng: np.random.Generator, labels: np.ndarray, grid: int) -> Cell
     keys = np.where(near, rng.random(d2.shape), np.inf).reshape(n, -1)
     rank = np.argsort(np.argsort(keys, axis=1), axis=1).reshape(d2.shape)
     chosen = near & (rank < labels[:, None, None])
+    # distractors: a binomial number (DISTRACTORS of the far cells) plus COUNT_MAX - label, so that the total
+    # number of glyphs says nothing about the label: only the near ones do
+    far = d2 > COUNT_RADIUS**2  # [N, G, G]
+    n_far = rng.binomial(far.sum(axis=(1, 2)), DISTRACTORS) + COUNT_MAX - labels  # [N]
+    keys = np.where(far, rng.random(d2.shape), np.inf).reshape(n, -1)
+    rank = np.argsort(np.argsort(keys, axis=1), axis=1).reshape(d2.shape)
+    chosen |= far & (rank < n_far[:, None, None])
     cells = np.full((n, grid, grid), EMPTY, dtype=np.int64)
-    _distractors(rng, cells, d2 > COUNT_RADIUS**2)
     cells[chosen] = np.asarray(CONTENT)[rng.integers(0, len(CONTENT), int(chosen.sum()))]
     cells[np.arange(n), at[:, 0], at[:, 1]] = SOLID
     return cells
