@@ -23,6 +23,7 @@ from .attention import as_float_mask, combine_masks
 from .encodings.relbias import bias_mask, prefixed_offset_index
 from .encodings.rope import Rotary
 from .encodings.rope_scaling import RopeScaling
+from .ragged import QueryScaled, RaggedLayout, concat_rotations, ragged_conditional, ragged_layout
 from .registry import get_info
 
 
@@ -38,10 +39,13 @@ class PositionContext:
     logit_scale: float = 1.0  # extra temperature on every logit (log-n attention scaling)
     bias_index: torch.Tensor | None = None  # where each token pair reads its bias (bias schemes), int32
     tokens: torch.Tensor | None = None  # [B, M]: which of the P + HW tokens each row holds (a subset), or all
+    ragged: RaggedLayout | None = None  # per-token images, cells and grid sizes (``Positions.ragged_context``)
+    query_scale: torch.Tensor | None = None  # [B, 1, T, 1]: per-token logit scale (log-n, ragged batches)
 
-    def layer(self, index: int) -> tuple[Rotary | None, torch.Tensor | None]:
+    def layer(self, index: int) -> tuple[Rotary | QueryScaled | None, torch.Tensor | None]:
         """(rotation: cos/sin [(heads,) N, d] or None, additive mask [1, heads, N, N] or the caller's mask).
-        For a token subset (``tokens``), rotations [B, heads or 1, M, d] and masks [B, heads, M, M]."""
+        For a token subset (``tokens``) or a ragged batch (``ragged``), rotations [B, heads or 1, M, d] and
+        masks [B, heads or 1, M, M]; a per-token logit scale comes as a ``QueryScaled`` rotation."""
         return self.positions.layer(self, index)
 
     def flex(self, index: int) -> tuple[torch.Tensor, torch.Tensor | None] | None:
@@ -198,6 +202,8 @@ class Positions(nn.Module):
         holds little more than the mask itself. A token subset (``ctx.tokens`` [B, M]) takes its rows:
         rotations [B, heads or 1, M, d], masks [B, heads, M, M], gathered without the full mask."""
         grid, device, tokens = ctx.grid, ctx.device, ctx.tokens
+        if ctx.ragged is not None:
+            return self._gathered(module, ctx)
         if self.attention_kind == "rotary":
             rotary = module(grid, device).with_prefix(self.num_prefix_tokens)
             return rotary if tokens is None else rotary.take(tokens)
@@ -208,6 +214,17 @@ class Positions(nn.Module):
         if tokens is None:
             return mask[None]
         return mask[:, tokens[:, :, None], tokens[:, None, :]].transpose(0, 1)  # [B, heads, M, M]
+
+    def _gathered(self, module: nn.Module, ctx: PositionContext) -> Rotary | torch.Tensor:
+        """A ragged batch: the module at each distinct grid size, gathered per token: rotations [B, heads or 1,
+        T, d] from one table of every size's rows, bias masks [B, heads, T, T] from one table of every size's
+        per-offset values (``ctx.bias_index``)."""
+        layout = ctx.ragged
+        if self.attention_kind == "rotary":
+            rows = [module(size, ctx.device).with_prefix(self.num_prefix_tokens) for size in layout.sizes]
+            return concat_rotations(rows).take(layout.table_index(self.num_prefix_tokens))
+        values = torch.cat([module.offset_bias(size, ctx.device).flatten(1) for size in layout.sizes], dim=1)
+        return bias_mask(values, getattr(module, "prefix_bias", None), ctx.bias_index).transpose(0, 1)
 
     def _with_prefix(self, bias: torch.Tensor, module: nn.Module) -> torch.Tensor:
         """Patch bias [heads, HW, HW] -> [heads, P + HW, P + HW], for a bias scheme without ``offset_bias``.
@@ -254,6 +271,42 @@ class Positions(nn.Module):
                 ctx.shared = self._combined(self._prefixed(self.attention, ctx), user)
         return ctx
 
+    def ragged_context(
+        self,
+        coords: torch.Tensor,
+        sizes: torch.Tensor | None = None,
+        *,
+        valid: torch.Tensor | None = None,
+        segments: torch.Tensor | None = None,
+        user_mask: torch.Tensor | None = None,
+    ) -> PositionContext:
+        """The context of a ragged or packed batch: rows of P prefix tokens then N patch tokens, patch token n
+        of row b at the integer cell ``coords[b, n]`` = (y, x) of its own image's grid (timm NaFlex's
+        ``patch_coord``), ``valid`` [B, N] False for padding; one image per row of size ``sizes`` [B, 2], or
+        several packed in a row (``segments`` [B, N], ``sizes`` [B, S, 2], no prefix tokens). Without
+        ``sizes``, each image's grid is the bounding box of its cells (``vispos.ragged.ragged_layout``).
+
+        Each image gets exactly what it gets alone at its own size: every scheme is computed once per
+        distinct size and gathered per token, anything that depends on the size (normalised coordinates,
+        RoPE scaling, resized tables, log-n scaling, folded into q per token) uses the image's own, and the
+        additive mask handed to each layer ([B, heads or 1, T, T], with ``user_mask`` added) hides padding
+        keys and other images' tokens. Additive tables: ``add_to_ragged``. Attention runs through SDPA
+        (FlexAttention is not used for these contexts); ``ctx.grid`` is the largest (H, W) in the batch."""
+        layout = ragged_layout(coords, sizes, valid=valid, segments=segments, num_prefix_tokens=self.num_prefix_tokens)
+        user = combine_masks(layout.structure_mask(), as_float_mask(user_mask, torch.float32))
+        ctx = PositionContext(self, layout.grid, coords.device, user, None, 1.0, None, None, layout)
+        if self.log_n_tokens is not None:  # per token: SDPA takes one scale for the whole batch
+            ratio = layout.patch_counts().log() / math.log(self.log_n_tokens)
+            ctx.query_scale = ratio.clamp(min=1.0)[:, None, :, None]  # [B, 1, T, 1]
+        if self.enabled and self.attention is not None:
+            if self.attention_kind == "bias":
+                if not hasattr(self._module(0), "offset_bias"):
+                    raise ValueError(f"{self.settings['pos']}: a ragged batch needs a bias given per offset")
+                ctx.bias_index = layout.offset_index()  # [B, T, T], shared by every layer
+            if not self._per_layer:
+                ctx.shared = self._combined(self._prefixed(self.attention, ctx), user)
+        return ctx
+
     def _subset(self, keep: torch.Tensor, grid: tuple[int, int], device: torch.device) -> torch.Tensor:
         """Kept patch indices [B, K] -> the rows' token indices [B, P + K], prefix tokens first."""
         if not isinstance(keep, torch.Tensor) or keep.dim() != 2 or keep.is_floating_point() or keep.is_complex():
@@ -273,8 +326,13 @@ class Positions(nn.Module):
     def _module(self, index: int) -> nn.Module:
         return self.attention[index] if self._per_layer else self.attention
 
-    def layer(self, ctx: PositionContext, index: int) -> tuple[Rotary | None, torch.Tensor | None]:
-        """Layer ``index``'s rotation and additive mask (prefix tokens included)."""
+    def layer(self, ctx: PositionContext, index: int) -> tuple[Rotary | QueryScaled | None, torch.Tensor | None]:
+        """Layer ``index``'s rotation and additive mask (prefix tokens included); with a per-token logit scale
+        (``ctx.query_scale``), the rotation is a ``QueryScaled`` that also scales q."""
+        rotary, mask = self._layer(ctx, index)
+        return (rotary, mask) if ctx.query_scale is None else (QueryScaled(rotary, ctx.query_scale), mask)
+
+    def _layer(self, ctx: PositionContext, index: int) -> tuple[Rotary | None, torch.Tensor | None]:
         if not self.enabled or self.attention is None:
             return None, ctx.user_mask
         if ctx.shared is not None:
@@ -286,7 +344,7 @@ class Positions(nn.Module):
     def _flex_ready(self, ctx: PositionContext) -> bool:
         """FlexAttention is on and applies: an enabled relative bias on the whole grid, no mask from the caller."""
         on = self.attention_backend == "flex" and self.enabled and self.attention_kind == "bias"
-        return on and ctx.user_mask is None and ctx.tokens is None
+        return on and ctx.user_mask is None and ctx.tokens is None and ctx.ragged is None
 
     def flex(self, ctx: PositionContext, index: int) -> tuple[torch.Tensor, torch.Tensor | None] | None:
         """Layer ``index``'s bias per offset and prefix entries, for FlexAttention; None when SDPA is used."""
@@ -317,7 +375,19 @@ class Positions(nn.Module):
         -> the conditional scheme's output at the context's grid (unchanged when there is none, or disabled)."""
         if self.conditional is None or not self.enabled:
             return x
+        if ctx.ragged is not None:  # each image on its own grid
+            return ragged_conditional(self.conditional, x, ctx.ragged)
         return self.conditional(x, ctx.grid, self.num_prefix_tokens, ctx.tokens)
+
+    def add_to_ragged(self, x: torch.Tensor, ctx: PositionContext) -> torch.Tensor:
+        """Patch tokens x [B, N, C] of a ragged batch (``ragged_context``) + the additive table of each
+        token's own image size at its cell; padding is left unchanged."""
+        if self.additive is None or not self.enabled:
+            return x
+        layout, p = ctx.ragged, self.num_prefix_tokens
+        table = torch.cat([self.additive(size, x.device) for size in layout.sizes]).to(x.dtype)  # [sum HW, C]
+        index, valid = layout.table_index(0)[:, p:], layout.valid[:, p:, None]  # [B, N], [B, N, 1]
+        return torch.where(valid, x + table[index], x)
 
     def add_to_prefix(self, tokens: torch.Tensor) -> torch.Tensor:
         """Prefix tokens [B, P, C] + the additive scheme's prefix rows (``prefix`` [P, C]), if it has them."""

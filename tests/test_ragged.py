@@ -1,0 +1,270 @@
+"""Ragged and packed batches: each image in a batch gives what it gives alone, for every 2D scheme.
+
+The reference is the patched timm model itself, run on one image at its own size (``forward_features``).
+The ragged path is a small forward of the same model's modules: each image's patch tokens with their
+(y, x) cells, padded into rows (or packed several to a row with segment ids), positions from
+``Positions.ragged_context`` / ``add_to_ragged``, the model's own blocks with that context. Some images
+hold their tokens in a random order (their coordinates travel with them), so each test fails when the
+coordinates are ignored: the negative controls give every token the position of its order among its
+image's tokens, row-major, as NaFlexVit's RoPE does (``coords_from_order``)."""
+
+from __future__ import annotations
+
+import pytest
+import timm
+import torch
+
+import vispos
+from vispos.timm.model import PREFIX_TOKENS
+
+SCHEMES_2D = [*vispos.list_encodings(2), ["learned2d", "relbias2d"]]
+SIZES = [(24, 40), (40, 16), (48, 48), (24, 40), (16, 56)]  # px; 8 px patches: grids 3x5, 5x2, 6x6, 3x5, 2x7
+SHUFFLED = (1, 3, 4)  # images whose tokens come in a random order
+PACKED = [[0, 1, 4], [2, 3]]  # images packed in each row
+
+
+def ids(scheme: str | list[str]) -> str:
+    return scheme if isinstance(scheme, str) else "+".join(scheme)
+
+
+def make(pos: str | list[str], *, prefix: bool, img_size: int = 48, **options: object) -> torch.nn.Module:
+    """A 2-block ViT patched with ``pos`` (3 prefix tokens, or none to pack rows), its positional parameters
+    and attention at a trained scale (the initialisations would hide a wrong position)."""
+    torch.manual_seed(0)
+    tokens = {"reg_tokens": 2} if prefix else {"class_token": False, "global_pool": "avg"}
+    net = timm.create_model("vit_tiny_patch16_224", img_size=img_size, patch_size=8, embed_dim=64, num_heads=2,
+                            depth=2, num_classes=0, **tokens)  # fmt: skip
+    net = vispos.patch(net, pos, inherit=False, **options)
+    with torch.no_grad():
+        for param in net.vispos.parameters():
+            param.normal_(std=0.5)
+        for blk in net.blocks:  # sharper attention than at initialisation, so that positions show
+            blk.attn.qkv.weight.mul_(4.0)
+    return net.eval()
+
+
+def images() -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    return [torch.randn(3, h, w, generator=g) for h, w in SIZES]
+
+
+def orders(net: torch.nn.Module) -> list[torch.Tensor]:
+    """Each image's token order: row-major, or a random permutation for the images in SHUFFLED."""
+    g = torch.Generator().manual_seed(2)
+    counts = [(h // 8) * (w // 8) for h, w in SIZES]
+    return [torch.randperm(n, generator=g) if i in SHUFFLED else torch.arange(n) for i, n in enumerate(counts)]
+
+
+def patch_tokens(net: torch.nn.Module, image: torch.Tensor, order: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """One image -> its patch tokens [n, C] (no positions) and their (y, x) cells [n, 2], both in ``order``."""
+    x = net.patch_embed(image[None])[0]  # [h, w, C]
+    h, w, c = x.shape
+    yy, xx = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+    cells = torch.stack((yy.flatten(), xx.flatten()), dim=-1)
+    return x.reshape(h * w, c)[order], cells[order]
+
+
+def alone(net: torch.nn.Module, image: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """The patched model on one image at its own size: features [P + n, C], patch tokens in ``order``."""
+    p = net.num_prefix_tokens
+    out = net.forward_features(image[None])[0]
+    return torch.cat((out[:p], out[p:][order]))
+
+
+def ragged_features(
+    net: torch.nn.Module,
+    rows: list[list[int]],
+    order: list[torch.Tensor],
+    *,
+    wrong_coords: bool = False,
+    row_perm: list[torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Images ``rows`` (one row per list; several images: packed with segment ids) through the model's blocks
+    with a ragged context. -> features [B, P + N, C], the image of each patch token [B, N] (-1: padding),
+    and each patch token's index in its image's order [B, N]. ``row_perm``: permute each row's patch
+    tokens with their coordinates, segments and padding flags. Padding tokens hold random values."""
+    xs = images()
+    parts = [[patch_tokens(net, xs[i], order[i]) for i in row] for row in rows]
+    n = max(sum(t.shape[0] for t, _ in row) for row in parts)
+    b, c = len(rows), net.embed_dim
+    tokens = torch.randn(b, n, c, generator=torch.Generator().manual_seed(4))
+    coords = torch.full((b, n, 2), 99)  # padding cells are never read
+    image, rank, segments = torch.full((b, n), -1), torch.zeros(b, n, dtype=torch.long), torch.zeros(b, n)
+    sizes = torch.ones(b, max(map(len, rows)), 2, dtype=torch.long)
+    for r, (row, row_parts) in enumerate(zip(rows, parts, strict=True)):
+        at = 0
+        for s, (i, (t, cells)) in enumerate(zip(row, row_parts, strict=True)):
+            k = t.shape[0]
+            tokens[r, at : at + k], coords[r, at : at + k] = t, cells
+            image[r, at : at + k], rank[r, at : at + k], segments[r, at : at + k] = i, torch.arange(k), s
+            sizes[r, s] = torch.tensor(SIZES[i]) // 8
+            at += k
+    if row_perm is not None:
+        for r, perm in enumerate(row_perm):
+            tokens[r], coords[r], image[r], rank[r], segments[r] = (
+                t[r][perm] for t in (tokens, coords, image, rank, segments)
+            )
+    valid = image >= 0
+    if wrong_coords:  # the k-th token of an image in its row at cell (k // W, k % W): positions from the order
+        same = image[:, :, None] == image[:, None, :]  # [B, N, N]
+        k = (same & torch.ones(n, n, dtype=torch.bool).tril(-1)).sum(-1)  # earlier tokens of the same image
+        width = sizes[torch.arange(b)[:, None], segments.long(), 1]
+        coords = torch.where(valid[..., None], torch.stack((k // width, k % width), dim=-1), coords)
+    packed = max(map(len, rows)) > 1
+    pos = net.vispos
+    if packed:
+        ctx = pos.ragged_context(coords, sizes, valid=valid, segments=segments.long())
+    else:
+        ctx = pos.ragged_context(coords, sizes[:, 0], valid=valid)
+    x = pos.add_to_ragged(tokens, ctx)
+    prefix = [t for t in (getattr(net, name, None) for name in PREFIX_TOKENS) if t is not None]
+    if prefix:
+        x = torch.cat((pos.add_to_prefix(torch.cat(prefix, dim=1).expand(b, -1, -1)), x), dim=1)
+    x = net.norm_pre(x)
+    for blk in net.blocks:
+        x = blk(x, attn_mask=ctx)
+    return net.norm(x), image, rank
+
+
+def gap(net: torch.nn.Module, out: torch.Tensor, image: torch.Tensor, rank: torch.Tensor) -> float:
+    """Largest difference between the ragged features and each image's own (prefix tokens included)."""
+    xs, order, p, worst = images(), orders(net), net.num_prefix_tokens, 0.0
+    if not hasattr(net, "alone_features"):  # each image's own features, computed once per model
+        with torch.no_grad():
+            net.alone_features = [alone(net, x, o) for x, o in zip(xs, order, strict=True)]
+    with torch.no_grad():
+        for i in range(len(SIZES)):
+            rows, cols = (image == i).nonzero(as_tuple=True)
+            if rows.numel() == 0:
+                continue
+            expected = net.alone_features[i]
+            got = out[rows, cols + p][torch.argsort(rank[rows, cols])]
+            worst = max(worst, (got - expected[p:]).abs().max().item())
+            if p:
+                worst = max(worst, (out[rows[0], :p] - expected[:p]).abs().max().item())
+    return worst
+
+
+def without_positions(scheme: str | list[str]) -> bool:
+    return scheme == "nope"
+
+
+@pytest.mark.parametrize("scheme", SCHEMES_2D, ids=ids)
+def test_each_image_of_a_padded_ragged_batch_gives_its_output_alone(scheme: str | list[str]) -> None:
+    net = make(scheme, prefix=True)
+    with torch.no_grad():
+        out, image, rank = ragged_features(net, [[i] for i in range(len(SIZES))], orders(net))
+        assert out.isfinite().all()  # padding rows included
+        assert gap(net, out, image, rank) <= 1e-5
+        if not without_positions(scheme):  # negative control: positions from the token order
+            out, image, rank = ragged_features(net, [[i] for i in range(len(SIZES))], orders(net), wrong_coords=True)
+            assert gap(net, out, image, rank) > 1e-3
+
+
+@pytest.mark.parametrize("scheme", SCHEMES_2D, ids=ids)
+def test_each_image_packed_in_a_row_with_segment_ids_gives_its_output_alone(scheme: str | list[str]) -> None:
+    net = make(scheme, prefix=False)
+    with torch.no_grad():
+        out, image, rank = ragged_features(net, PACKED, orders(net))
+        assert gap(net, out, image, rank) <= 1e-5
+        if not without_positions(scheme):
+            out, image, rank = ragged_features(net, PACKED, orders(net), wrong_coords=True)
+            assert gap(net, out, image, rank) > 1e-3
+
+
+@pytest.mark.parametrize("scheme", SCHEMES_2D, ids=ids)
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_permuting_tokens_with_their_coordinates_permutes_the_outputs(scheme: str | list[str], packed: bool) -> None:
+    net = make(scheme, prefix=not packed)
+    rows = PACKED if packed else [[i] for i in range(len(SIZES))]
+    p = net.num_prefix_tokens
+    with torch.no_grad():
+        out, _, _ = ragged_features(net, rows, orders(net))
+        n = out.shape[1] - p
+        g = torch.Generator().manual_seed(5)
+        perms = [torch.randperm(n, generator=g) for _ in rows]  # padding moves too
+        moved, _, _ = ragged_features(net, rows, orders(net), row_perm=perms)
+        expected = torch.stack([torch.cat((o[:p], o[p:][perm])) for o, perm in zip(out, perms, strict=True)])
+        valid = torch.ones(out.shape[:2], dtype=torch.bool)
+        for r, row in enumerate(rows):  # compare tokens of images only (padding outputs are never read)
+            valid[r, p + sum((SIZES[i][0] // 8) * (SIZES[i][1] // 8) for i in row) :] = False
+        valid[:, p:] = valid[:, p:].gather(1, torch.stack(perms))
+        torch.testing.assert_close(moved[valid], expected[valid], rtol=1e-5, atol=1e-5)
+        if not without_positions(scheme):  # positions from the order: a permutation changes them
+            wrong, _, _ = ragged_features(net, rows, orders(net), wrong_coords=True)
+            wrong_moved, _, _ = ragged_features(net, rows, orders(net), wrong_coords=True, row_perm=perms)
+            wrong_expected = torch.stack([torch.cat((o[:p], o[p:][q])) for o, q in zip(wrong, perms, strict=True)])
+            assert (wrong_moved[valid] - wrong_expected[valid]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize(
+    ("scheme", "options"),
+    [
+        ("rope2d", {"coords": "normalized"}),
+        ("rope2d", {"scaling": "yarn"}),
+        ("rope2d", {"ref_grid": (4, 4)}),
+        ("relbias2d", {"log_n": True}),
+        ("rope2d_mixed", {"log_n": True}),
+    ],
+    ids=["normalized", "yarn", "ref_grid", "relbias2d-log_n", "mixed-log_n"],
+)
+def test_size_dependent_settings_use_each_images_own_size(scheme: str, options: dict[str, object]) -> None:
+    """Normalised coordinates, scaling relative to the training grid, a reference grid and log-n attention
+    scaling (folded into q per token) all read each image's own grid size. Trained on a 4 x 4 grid, so
+    that some images are larger (scaling factors and log-n factors above 1) and some smaller."""
+    options = dict(options)
+    log_n = options.pop("log_n", False)
+    net = make(scheme, prefix=True, img_size=32, **options)
+    if log_n:
+        vispos.configure(net, log_n_attention=True)
+    with torch.no_grad():
+        out, image, rank = ragged_features(net, [[i] for i in range(len(SIZES))], orders(net))
+        assert gap(net, out, image, rank) <= 1e-5
+
+
+def test_positions_of_a_ragged_batch_ignore_padding_contents_and_cells() -> None:
+    """Padding tokens hold random values and out-of-grid cells (99, 99) in every test above; here the
+    structure mask itself: a valid query sees its own image only, a padding query every valid key and itself."""
+    net = make("nope", prefix=False)
+    coords = torch.tensor([[[0, 0], [0, 1], [0, 0], [99, 99]]])
+    segments, valid = torch.tensor([[0, 0, 1, 0]]), torch.tensor([[True, True, True, False]])
+    ctx = net.vispos.ragged_context(coords, torch.tensor([[[1, 2], [1, 1]]]), valid=valid, segments=segments)
+    allowed = ctx.layer(0)[1][0, 0].isfinite()
+    expected = torch.tensor([[1, 1, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [1, 1, 1, 1]], dtype=torch.bool)
+    assert torch.equal(allowed, expected)
+
+
+def test_sizes_default_to_the_bounding_box_of_each_images_cells() -> None:
+    net = make("rope2d", prefix=True)
+    coords = torch.tensor([[[0, 0], [2, 4], [1, 1]], [[0, 0], [4, 1], [0, 0]]])
+    valid = torch.tensor([[True, True, True], [True, True, False]])
+    given = net.vispos.ragged_context(coords, torch.tensor([[3, 5], [5, 2]]), valid=valid)
+    derived = net.vispos.ragged_context(coords, valid=valid)
+    assert derived.ragged.sizes == given.ragged.sizes == [(3, 5), (5, 2)]
+    torch.testing.assert_close(derived.layer(0)[0].cos, given.layer(0)[0].cos, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"coords": torch.zeros(1, 2, 2)}, r"integer tensor \[B, N, 2\].*fractional"),
+        ({"coords": torch.zeros(1, 2, dtype=torch.long)}, r"integer tensor \[B, N, 2\]"),
+        ({"coords": torch.tensor([[[0, 5], [0, 0]]]), "sizes": torch.tensor([[2, 5]])}, "outside their image's grid"),
+        ({"coords": torch.zeros(1, 2, 2, dtype=torch.long), "sizes": torch.tensor([2, 2])}, r"sizes .*\[1, 2\]"),
+        ({"coords": torch.zeros(1, 2, 2, dtype=torch.long), "valid": torch.ones(1, 2)}, "valid must be a bool tensor"),
+        ({"coords": torch.zeros(1, 2, 2, dtype=torch.long), "sizes": torch.tensor([[0, 3]])}, "must be positive"),
+    ],
+    ids=["float", "shape", "outside", "sizes-shape", "valid-dtype", "empty-grid"],
+)
+def test_a_bad_ragged_batch_is_refused(kwargs: dict[str, object], message: str) -> None:
+    net = make("rope2d", prefix=True)
+    with pytest.raises(ValueError, match=message):
+        net.vispos.ragged_context(**kwargs)
+
+
+def test_packed_rows_refuse_prefix_tokens_and_bad_segment_ids() -> None:
+    coords, sizes = torch.zeros(1, 2, 2, dtype=torch.long), torch.tensor([[[1, 1], [1, 1]]])
+    with pytest.raises(ValueError, match="packed rows .* cannot hold prefix tokens"):
+        make("rope2d", prefix=True).vispos.ragged_context(coords, sizes, segments=torch.tensor([[0, 1]]))
+    with pytest.raises(ValueError, match=r"image ids in 0 \.\. 1"):
+        make("rope2d", prefix=False).vispos.ragged_context(coords, sizes, segments=torch.tensor([[0, 2]]))

@@ -1,0 +1,246 @@
+"""Ragged and packed batches: where each token of a row sits, and the gathers that give it its position.
+
+A row holds ``P`` prefix tokens (cls, registers), then ``N`` patch tokens. Patch token n of row b sits at
+the integer cell ``coords[b, n] = (y, x)`` of its own image's grid (timm NaFlex's ``patch_coord`` order);
+``valid[b, n]`` is False for padding. Either one image per row (a padded batch: ``sizes`` [B, 2], the
+prefix tokens belong to the row's image) or several images packed in a row (``segments`` [B, N] naming
+each token's image among the row's ``sizes`` [B, S, 2]; packed rows hold no prefix tokens, as there is no
+rule for which image a shared cls token would belong to).
+
+A token's position is its place in its own image's grid, so every scheme is computed once per distinct
+grid size, exactly as for that image alone, and gathered per token: rotations from one table of every
+size's rows (``table_index``), relative biases from one table of every size's per-offset values
+(``offset_index``), additive tables likewise. Tokens of different images never attend to each other and
+padding is never attended to (``structure_mask``), so each image in a batch gives what it gives alone.
+Coordinates are integer grid cells: fractional coordinates (token merging) are not accepted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+from torch import nn
+
+from .encodings.rope import Rotary
+
+
+@dataclass
+class RaggedLayout:
+    """Every token of a ragged batch of rows [B, T = P + N]: its image, its cell and its image's grid size."""
+
+    sizes: list[tuple[int, int]]  # the distinct grid sizes (H, W) in the batch, ascending
+    group: torch.Tensor  # [B, T] int64: index into ``sizes`` of the token's image (padding: 0)
+    image: torch.Tensor  # [B, T] int64: the token's image, distinct per (row, segment); -1 for padding
+    yx: torch.Tensor  # [B, T, 2] int64: (y, x) cell in its image's grid (prefix tokens, padding: 0)
+    hw: torch.Tensor  # [B, T, 2] int64: its image's grid size (padding: 1 x 1)
+    num_prefix_tokens: int
+
+    @property
+    def valid(self) -> torch.Tensor:
+        """[B, T] bool: a token of an image (prefix or patch), not padding."""
+        return self.image >= 0
+
+    @property
+    def prefix(self) -> torch.Tensor:
+        """[B, T] bool: the row's first P tokens."""
+        b, t = self.image.shape
+        return (torch.arange(t, device=self.image.device) < self.num_prefix_tokens).expand(b, t)
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        """The smallest grid holding every image of the batch: (largest H, largest W)."""
+        return max(h for h, _ in self.sizes), max(w for _, w in self.sizes)
+
+    def cells(self) -> torch.Tensor:
+        """[B, T] int64: row-major cell y * W + x of each token in its image's grid (prefix, padding: 0)."""
+        return self.yx[..., 0] * self.hw[..., 1] + self.yx[..., 1]
+
+    def table_index(self, prefix_rows: int) -> torch.Tensor:
+        """[B, T] int64: each token's row in the concatenation, over ``sizes``, of per-size tables holding
+        ``prefix_rows`` prefix rows then H * W patch rows (row-major). Prefix token j reads row j of its
+        image's table; padding reads row 0 (a real row, hidden by the mask)."""
+        rows = torch.tensor([prefix_rows + h * w for h, w in self.sizes], device=self.image.device)
+        start = torch.cumsum(rows, 0) - rows  # [U]: where each size's table begins
+        local = self.cells() + prefix_rows
+        if prefix_rows:
+            local = torch.where(self.prefix, torch.arange(self.image.shape[1], device=local.device), local)
+        return torch.where(self.valid, start[self.group] + local, 0)
+
+    def offset_index(self) -> torch.Tensor:
+        """[B, T, T] int32: where each (query, key) pair reads its bias in the concatenation, over ``sizes``,
+        of per-offset values [(2H-1)(2W-1)] (Swin's order) followed by BEiT's three prefix entries
+        (prefix -> patch, patch -> prefix, prefix -> prefix). Pairs of different images and padding read
+        entry 0 (hidden by the mask)."""
+        counts = torch.tensor([(2 * h - 1) * (2 * w - 1) for h, w in self.sizes], device=self.image.device)
+        start = torch.cumsum(counts, 0) - counts
+        total = counts.sum()
+        h, w = self.hw[..., 0, None], self.hw[..., 1, None]  # [B, T, 1]: the query's grid
+        y, x = self.yx[..., 0], self.yx[..., 1]
+        dy = y[:, :, None] - y[:, None, :] + h - 1  # [B, T, T]
+        dx = x[:, :, None] - x[:, None, :] + w - 1
+        index = start[self.group][:, :, None] + dy * (2 * w - 1) + dx
+        query, key = self.prefix[:, :, None], self.prefix[:, None, :]
+        index = torch.where(query, torch.where(key, total + 2, total), torch.where(key, total + 1, index))
+        same = (self.image[:, :, None] == self.image[:, None, :]) & self.valid[:, :, None]
+        return torch.where(same, index, 0).to(torch.int32)
+
+    def structure_mask(self) -> torch.Tensor:
+        """[B, 1, T, T] additive fp32: 0 where a query may attend to a key, -inf elsewhere. A token attends
+        to the tokens of its own image; a padding query attends to every valid key and to itself, so its row
+        stays finite (its output is never read)."""
+        t = self.image.shape[1]
+        valid = self.valid
+        same = (self.image[:, :, None] == self.image[:, None, :]) & valid[:, :, None]
+        itself = torch.eye(t, dtype=torch.bool, device=valid.device)
+        allowed = same | (~valid[:, :, None] & (valid[:, None, :] | itself))
+        zeros = torch.zeros(allowed.shape, dtype=torch.float32, device=valid.device)
+        return zeros.masked_fill(~allowed, float("-inf"))[:, None]
+
+    def patch_counts(self) -> torch.Tensor:
+        """[B, T] fp32: the number of patches H * W of each token's image (padding: 1)."""
+        return (self.hw[..., 0] * self.hw[..., 1]).float()
+
+
+def ragged_layout(
+    coords: torch.Tensor,
+    sizes: torch.Tensor | None = None,
+    *,
+    valid: torch.Tensor | None = None,
+    segments: torch.Tensor | None = None,
+    num_prefix_tokens: int = 0,
+) -> RaggedLayout:
+    """Check a ragged batch and lay out its tokens: ``coords`` [B, N, 2] integer (y, x) cells of the N patch
+    tokens of each row, ``sizes`` [B, 2] (one image per row) or [B, S, 2] (with ``segments`` [B, N]: the
+    image of each token among its row's S), ``valid`` [B, N] bool (False: padding). Without ``sizes``, each
+    image's grid is the bounding box of its tokens' cells (give the sizes when the tokens may not cover the
+    grid: a normalised or size-dependent scheme reads them)."""
+    if not isinstance(coords, torch.Tensor) or coords.dim() != 3 or coords.shape[-1] != 2 or _not_int(coords):
+        got = f"{coords.dtype} tensor of shape {tuple(coords.shape)}" if isinstance(coords, torch.Tensor) else coords
+        raise ValueError(
+            f"coords must be an integer tensor [B, N, 2] of (y, x) grid cells, got {got}"
+            " (fractional coordinates, e.g. merged tokens, are not supported)"
+        )
+    b, n, _ = coords.shape
+    device = coords.device
+    coords = coords.long()
+    valid = _check_flags("valid", valid, (b, n), device)
+    if segments is None:
+        image = torch.arange(b, device=device)[:, None].expand(b, n)
+        count = b
+    else:
+        if num_prefix_tokens:
+            raise ValueError(
+                f"packed rows (segments) cannot hold prefix tokens (this model has {num_prefix_tokens}): which "
+                "image a shared cls or register token belongs to is undefined; pack a model without prefix "
+                "tokens (class_token=False, reg_tokens=0) or pad one image per row (no segments)"
+            )
+        if not isinstance(segments, torch.Tensor) or segments.shape != (b, n) or _not_int(segments):
+            raise ValueError(f"segments must be an integer tensor [B, N] = {[b, n]} of image ids in each row")
+        segments = segments.to(device).long()
+        if sizes is not None and (not isinstance(sizes, torch.Tensor) or sizes.dim() != 3):
+            raise ValueError("with segments, sizes must be [B, S, 2]: the (H, W) of each row's S images")
+        count_s = sizes.shape[1] if sizes is not None else int(segments[valid].max()) + 1 if valid.any() else 1
+        if not torch.compiler.is_compiling() and bool(((segments < 0) | (segments >= count_s))[valid].any()):
+            raise ValueError(f"segments must be image ids in 0 .. {count_s - 1} (sizes holds {count_s} per row)")
+        image = torch.arange(b, device=device)[:, None] * count_s + segments.clamp(0, count_s - 1)
+        count = b * count_s
+    image = torch.where(valid, image, -1)
+    if sizes is None:  # each image's bounding box
+        flat = torch.zeros(count, 2, dtype=torch.long, device=device)
+        flat = flat.scatter_reduce(0, image[valid][:, None].expand(-1, 2), coords[valid] + 1, "amax")
+    else:
+        expected = (b, 2) if segments is None else (b, sizes.shape[1], 2)
+        if not isinstance(sizes, torch.Tensor) or tuple(sizes.shape) != expected or _not_int(sizes):
+            raise ValueError(f"sizes must be an integer tensor {list(expected)} of grid sizes (H, W)")
+        flat = sizes.to(device).long().reshape(count, 2)
+    p = num_prefix_tokens
+    if p:  # prefix tokens: the row's image, cell (0, 0)
+        rows = torch.arange(b, device=device)[:, None].expand(b, p)
+        image = torch.cat((rows, image), dim=1)
+        coords = torch.cat((coords.new_zeros(b, p, 2), coords), dim=1)
+    used = image >= 0
+    hw = flat[image.clamp(min=0)]  # [B, T, 2]
+    distinct, group_used = torch.unique(hw[used], dim=0, return_inverse=True)
+    if not torch.compiler.is_compiling():
+        if distinct.numel() == 0:
+            raise ValueError("the batch holds no valid token")
+        if bool((distinct < 1).any()):
+            raise ValueError(f"grid sizes must be positive, got {distinct.tolist()}")
+        patches = used.clone()
+        patches[:, :p] = False
+        if bool(((coords < 0) | (coords >= hw))[patches].any()):
+            raise ValueError("coords hold cells outside their image's grid (0 <= y < H, 0 <= x < W)")
+    group = torch.zeros(image.shape, dtype=torch.long, device=device)
+    group[used] = group_used
+    yx = torch.where(used[..., None], coords, 0)
+    hw = torch.where(used[..., None], hw, 1)
+    sizes_list = [(int(h), int(w)) for h, w in distinct.tolist()]
+    return RaggedLayout(sizes_list, group, image, yx, hw, p)
+
+
+def _not_int(t: torch.Tensor) -> bool:
+    return t.is_floating_point() or t.is_complex() or t.dtype == torch.bool
+
+
+def _check_flags(name: str, flags: torch.Tensor | None, shape: tuple[int, int], device: torch.device) -> torch.Tensor:
+    if flags is None:
+        return torch.ones(shape, dtype=torch.bool, device=device)
+    if not isinstance(flags, torch.Tensor) or flags.dtype != torch.bool or tuple(flags.shape) != shape:
+        got = f"{flags.dtype} tensor of shape {tuple(flags.shape)}" if isinstance(flags, torch.Tensor) else flags
+        raise ValueError(f"{name} must be a bool tensor {list(shape)} (True: a token, False: padding), got {got}")
+    return flags.to(device)
+
+
+def concat_rotations(rotations: list[Rotary]) -> Rotary:
+    """Rotations of several grids -> one Rotary whose token axis holds each in turn (cos/sin/scales along
+    their token axis -2, block rotations along -4). A basis (STRING) is the module's, the same for all."""
+
+    def cat(name: str, axis: int) -> torch.Tensor | None:
+        parts = [getattr(r, name) for r in rotations]
+        return None if parts[0] is None else torch.cat(parts, dim=axis)
+
+    first = rotations[0]
+    return replace(
+        first,
+        cos=cat("cos", -2),
+        sin=cat("sin", -2),
+        q_scale=cat("q_scale", -2),
+        k_scale=cat("k_scale", -2),
+        blocks=cat("blocks", -4),
+        temperature=1.0,  # each size's attention factor is already folded into its rows
+    )
+
+
+@dataclass
+class QueryScaled:
+    """A rotation (or none) followed by a per-token scale of q: ``scale`` [B, 1, T, 1] multiplies every
+    logit of a query (log-n attention scaling with each image's own token count), which SDPA's single
+    ``scale`` cannot hold. Used by the attention wherever a ``Rotary`` is (``rotate(q, k)``)."""
+
+    rotary: Rotary | None
+    scale: torch.Tensor
+
+    def rotate(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.rotary is not None:
+            q, k = self.rotary.rotate(q, k)
+        return (q.float() * self.scale).to(q.dtype), k
+
+
+def ragged_conditional(module: nn.Module, x: torch.Tensor, layout: RaggedLayout) -> torch.Tensor:
+    """A conditional scheme (PEG: ``module(tokens [n, H*W, C], (H, W), 0)``) on a ragged batch x [B, T, C]:
+    per grid size, each image's tokens are laid at their cells on a zero canvas of its own grid (missing
+    cells read as zeros, as a border), transformed, and read back. Prefix tokens and padding are unchanged."""
+    b, t, c = x.shape
+    patches = layout.valid & ~layout.prefix
+    out = x
+    for u, (h, w) in enumerate(layout.sizes):
+        here = patches & (layout.group == u)  # [B, T]
+        images, slot = torch.unique(layout.image[here], return_inverse=True)
+        place = slot * (h * w) + layout.cells()[here]  # each token's row on the stacked canvases
+        if not torch.compiler.is_compiling() and place.unique().numel() != place.numel():
+            raise ValueError("two tokens of one image share a grid cell; a conditional scheme needs distinct cells")
+        canvas = x.new_zeros(images.numel() * h * w, c).index_copy(0, place, x[here])
+        done = module(canvas.view(images.numel(), h * w, c), (h, w), 0).reshape(-1, c)
+        out = out.masked_scatter(here[..., None], done[place])
+    return out
