@@ -17,6 +17,7 @@ from train.config import ConfigError
 from train.data import DataError, build_data
 from train.experiment import run_experiment
 from train.grid_tasks import (
+    COUNT_MAX,
     COUNT_RADIUS,
     DIRECTIONS,
     GLYPH,
@@ -116,9 +117,9 @@ def test_count_task_keeps_distractors_outside_the_radius_and_lookup_fills_the_gr
         far += sum(c is not None and (cy - y) ** 2 + (cx - x) ** 2 > COUNT_RADIUS**2
                    for cy, row in enumerate(cells) for cx, c in enumerate(row))
     assert far > 0  # distractors exist, and the rule above counted only the near ones
-    images, labels = generate("grid_count", grid=8, per_class=300, seed=1)  # the total says nothing about the label
+    images, labels = generate("grid_count", grid=8, per_class=400, seed=1)  # the total says nothing about the label
     total = (images.view(len(images), 8, 4, 8, 4).amax(dim=(2, 4)) > 0).sum(dim=(1, 2)).float() - 1  # glyphs
-    means = [total[labels == k].mean().item() for k in range(4)]
+    means = [total[labels == k].mean().item() for k in range(COUNT_MAX + 1)]
     assert max(means) - min(means) < 0.6, means
     images, _ = generate("grid_lookup", grid=8, per_class=5, seed=0)
     assert all(sum(c is None for row in decode(im) for c in row) == 0 for im in images)

@@ -16,7 +16,7 @@ are (dy, dx) in cells.
 - ``grid_placement``: one solid marker among sparse distractors; the label is which of
   ``PLACEMENT_REGIONS`` x ``PLACEMENT_REGIONS`` equal regions of the image holds it (absolute position,
   in units of the image side).
-- ``grid_count``: one solid marker, 0-3 content glyphs within Euclidean distance ``COUNT_RADIUS`` cells of
+- ``grid_count``: one solid marker, 0-2 content glyphs within Euclidean distance ``COUNT_RADIUS`` cells of
   it (1.5: its 8 neighbours) and distractors only farther away, as many as make the total number of
   glyphs independent of the label; the label is that number (distance without direction).
 - ``grid_lookup_shuffled``: the lookup task's images with their training labels permuted once (a control:
@@ -63,7 +63,7 @@ LOOKUP_OFFSETS: dict[int, tuple[int, int]] = {SOLID: (2, 2), RING: (-1, 3)}  # m
 DIRECTIONS: tuple[str, ...] = ("E", "NE", "N", "NW", "W", "SW", "S", "SE")
 PLACEMENT_REGIONS = 4  # regions per axis
 COUNT_RADIUS = 1.5  # cells, Euclidean: the 8 neighbours
-COUNT_MAX = 3
+COUNT_MAX = 2
 DISTRACTORS = 0.15  # fraction of the free cells holding a content glyph (direction, placement, count)
 
 Cells = np.ndarray  # [N, G, G] int64 cell values (EMPTY, or a glyph's value)
@@ -192,7 +192,9 @@ _TASKS: dict[str, tuple[list[str], Callable[[np.random.Generator, np.ndarray, in
 CONTROLS: dict[str, str] = {"grid_lookup_shuffled": "grid_lookup"}  # control -> the task whose images it uses
 GRID_TASKS: tuple[str, ...] = (*_TASKS, *CONTROLS)
 TRAIN_SEED, VAL_SEED = 0, 1  # generator seeds of the two splits (mixed with the task name and the grid)
-DEFAULT_IMAGES = {"train": 6400, "val": 320}  # per split when data.*_per_class is null: the same for every task
+# images per split when data.*_per_class is null; counting learns slowest and gets twice the training images
+DEFAULT_IMAGES: dict[str, dict[str, int]] = {"train": {"grid_count": 12800}, "val": {}}
+DEFAULT_SPLIT_IMAGES = {"train": 6400, "val": 320}
 
 
 def classes_of(task: str) -> list[str]:
@@ -242,8 +244,8 @@ def build_grid_data(*, dataset: str, img_size: int, train_per_class: int | None,
     task = CONTROLS.get(dataset, dataset)
     grid = grid_of(img_size, "data.img_size")
     classes = classes_of(dataset)
-    n_train = train_per_class or max(1, DEFAULT_IMAGES["train"] // len(classes))
-    n_val = val_per_class or max(1, DEFAULT_IMAGES["val"] // len(classes))
+    n_train, n_val = (per_class or max(1, DEFAULT_IMAGES[split].get(task, DEFAULT_SPLIT_IMAGES[split]) // len(classes))
+                      for split, per_class in (("train", train_per_class), ("val", val_per_class)))
     images, labels = generate(task, grid=grid, per_class=n_train, seed=TRAIN_SEED)
     if dataset in CONTROLS:  # the control: labels permuted once, independently of the images
         rng = np.random.default_rng(mix_seed(zlib.crc32(dataset.encode()), grid))
