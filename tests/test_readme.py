@@ -1,4 +1,4 @@
-"""README's Python examples run as written (docs that match behaviour)."""
+"""The Python examples of README and docs/ run as written (docs that match behaviour)."""
 
 from __future__ import annotations
 
@@ -7,14 +7,19 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parents[1] / "README.md"
-BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+BLOCKS = [
+    (page, i, code)
+    for page in PAGES
+    for i, code in enumerate(re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S))
+]
 
 
 def test_readme_has_examples() -> None:
-    assert len(BLOCKS) >= 2
+    assert sum(page.name == "README.md" for page, _, _ in BLOCKS) >= 2
 
 
-@pytest.mark.parametrize("index", range(len(BLOCKS)))
-def test_readme_example_runs(index: int) -> None:
-    exec(compile(BLOCKS[index], f"README.md python block {index}", "exec"), {})
+@pytest.mark.parametrize(("page", "index", "code"), BLOCKS, ids=[f"{p.relative_to(ROOT)}:{i}" for p, i, _ in BLOCKS])
+def test_example_runs(page: Path, index: int, code: str) -> None:
+    exec(compile(code, f"{page.relative_to(ROOT)} python block {index}", "exec"), {})
