@@ -23,3 +23,10 @@ def test_readme_has_examples() -> None:
 @pytest.mark.parametrize(("page", "index", "code"), BLOCKS, ids=[f"{p.relative_to(ROOT)}:{i}" for p, i, _ in BLOCKS])
 def test_example_runs(page: Path, index: int, code: str) -> None:
     exec(compile(code, f"{page.relative_to(ROOT)} python block {index}", "exec"), {})
+
+
+def test_readme_catalogue_is_the_registry_table() -> None:
+    """README's catalogue is ``vispos.describe()`` verbatim, so a changed scheme text shows up here."""
+    import vispos
+
+    assert vispos.describe() in (ROOT / "README.md").read_text()
