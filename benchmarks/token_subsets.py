@@ -1,0 +1,318 @@
+"""Token subsets and ragged batches: what keeping fewer tokens saves, per positional scheme.
+
+    python -m benchmarks.token_subsets [--reps 5] [--batch 16] [--schemes rope2d,relbias2d,...]
+                                       [--parts dropout,ragged] [--no-memory] [--device cpu|cuda]
+                                       [--json out.json] [--dry-run]
+
+(a) ``dropout``: timm's patch dropout at 50 % against none, ``vit_small_patch16_224`` at 224 px: the
+time of a training step (forward + backward, ``model(x).sum()``) without dropout divided by the time
+with it, per scheme (a speed-up: FLIP reports about 2x); timm's own model (learned ``pos_embed``) for
+comparison. Positions follow the kept tokens (rotations and bias masks gathered at timm's keep indices).
+
+(b) ``ragged``: a batch of images of sizes drawn from 112 to 224 px per side (multiples of 16, so mixed
+aspect ratios; seeded), on ``vit_small_patch16_224`` without class token (average pooling, so that rows
+may be packed). Baseline: every image zero-padded to the batch's largest height and width and run as one
+dense batch (timm's forward). Against it: ``ragged rows``, one image per row, rows padded to the longest
+token count, positions from ``Positions.ragged_context``; ``packed rows``, images packed first-fit
+decreasing into rows as long as the baseline's (the largest height x width in tokens), with segment
+ids. Both embed pixel patches cut in the data pipeline (as timm's NaFlex transform does) with the patch
+embedding's weights, run the model's blocks with the ragged context and pool each image's own tokens.
+Reported: training-step time and peak memory, each as a ratio to the baseline (below 1: cheaper).
+
+Timing: repetitions are interleaved (each round times every configuration once) and ratios are medians
+of per-round ratios, so machine noise hits all rows alike. Peak memory: on CPU each configuration's step
+runs in a fresh process (``benchmarks.position_memory``'s high-water-mark method); on GPU
+``max_memory_allocated``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import timm
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import vispos
+from benchmarks.position_memory import _peak
+
+MODEL = "vit_small_patch16_224"
+SCHEMES = ["rope2d", "rope2d_mixed", "relbias2d", "cpb2d", "alibi2d", "learned2d", "nope"]
+PATCH = 16
+
+
+def build(scheme: str | None, *, drop: float = 0.0, pooled: bool = False, dry_run: bool = False) -> nn.Module:
+    """ViT-S/16 (``scheme`` None: timm's own), patch dropout ``drop``; ``pooled``: no class token, average pool."""
+    torch.manual_seed(0)
+    kwargs: dict[str, object] = {"patch_drop_rate": drop, "num_classes": 10}
+    if pooled:
+        kwargs |= {"class_token": False, "global_pool": "avg"}
+    if dry_run:
+        kwargs["depth"] = 1
+    if scheme is None:
+        return timm.create_model(MODEL, **kwargs)
+    return vispos.create_model(MODEL, pos=scheme, **kwargs)
+
+
+# --- (b) ragged batches -------------------------------------------------------------------------------------
+def draw_sizes(count: int, seed: int, low: int = 112, high: int = 224) -> list[tuple[int, int]]:
+    """Image sizes (H, W) in px, each side a multiple of 16 in [low, high], drawn independently."""
+    g = torch.Generator().manual_seed(seed)
+    sides = torch.randint(low // PATCH, high // PATCH + 1, (count, 2), generator=g) * PATCH
+    return [(int(h), int(w)) for h, w in sides]
+
+
+@dataclass
+class RaggedBatch:
+    """Pixel patches of several images in rows: patches [R, N, 3*16*16], coords [R, N, 2] (y, x), valid
+    [R, N], sizes [R, 2] (one image per row) or [R, S, 2] with segments [R, N]; image [R, N]: which image."""
+
+    patches: torch.Tensor
+    coords: torch.Tensor
+    valid: torch.Tensor
+    sizes: torch.Tensor
+    segments: torch.Tensor | None
+    image: torch.Tensor
+    count: int
+
+    def to(self, device: torch.device) -> RaggedBatch:
+        move = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in vars(self).items()}
+        return RaggedBatch(**move)
+
+
+def patchify(image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[3, H, W] -> patches [h*w, 3*16*16] (the order of a Conv2d weight's flattened kernel) and (y, x) [h*w, 2]."""
+    c, height, width = image.shape
+    h, w = height // PATCH, width // PATCH
+    cut = image.unfold(1, PATCH, PATCH).unfold(2, PATCH, PATCH)  # [3, h, w, 16, 16]
+    patches = cut.permute(1, 2, 0, 3, 4).reshape(h * w, c * PATCH * PATCH)
+    yy, xx = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+    return patches, torch.stack((yy.flatten(), xx.flatten()), dim=-1)
+
+
+def ragged_batch(images: list[torch.Tensor], *, packed: bool) -> RaggedBatch:
+    """One image per row (rows as long as the largest image's tokens), or images packed first-fit decreasing
+    into rows as long as an image padded to the largest height and width (the baseline's rows)."""
+    cut = [patchify(x) for x in images]
+    counts = [p.shape[0] for p, _ in cut]
+    height, width = max(x.shape[1] for x in images), max(x.shape[2] for x in images)
+    capacity = (height // PATCH) * (width // PATCH) if packed else max(counts)
+    rows: list[list[int]] = []
+    if packed:
+        room: list[int] = []
+        for i in sorted(range(len(cut)), key=lambda i: -counts[i]):
+            fit = next((r for r, free in enumerate(room) if free >= counts[i]), None)
+            if fit is None:
+                rows.append([i])
+                room.append(capacity - counts[i])
+            else:
+                rows[fit].append(i)
+                room[fit] -= counts[i]
+    else:
+        rows = [[i] for i in range(len(cut))]
+    r, n, s, dim = len(rows), capacity, max(map(len, rows)), cut[0][0].shape[1]
+    patches, coords = torch.zeros(r, n, dim), torch.zeros(r, n, 2, dtype=torch.long)
+    image, segments = torch.full((r, n), -1), torch.zeros(r, n, dtype=torch.long)
+    sizes = torch.ones(r, s, 2, dtype=torch.long)
+    for row, members in enumerate(rows):
+        at = 0
+        for seg, i in enumerate(members):
+            p, c = cut[i]
+            k = p.shape[0]
+            patches[row, at : at + k], coords[row, at : at + k] = p, c
+            image[row, at : at + k], segments[row, at : at + k] = i, seg
+            sizes[row, seg] = torch.tensor(images[i].shape[1:]) // PATCH
+            at += k
+    valid = image >= 0
+    if packed:
+        return RaggedBatch(patches, coords, valid, sizes, segments, image, len(images))
+    return RaggedBatch(patches, coords, valid, sizes[:, 0], None, image, len(images))
+
+
+def ragged_logits(model: nn.Module, batch: RaggedBatch) -> torch.Tensor:
+    """A patched, average-pooled ViT on a ragged batch -> logits [images, classes]: patch embedding as a
+    linear map of the pixel patches, positions from the ragged context, the model's own blocks, each
+    image's tokens pooled."""
+    proj = model.patch_embed.proj
+    x = F.linear(batch.patches, proj.weight.flatten(1), proj.bias)  # [R, N, C]
+    ctx = model.vispos.ragged_context(batch.coords, batch.sizes, valid=batch.valid, segments=batch.segments)
+    x = model.norm_pre(model.vispos.add_to_ragged(x, ctx))
+    for blk in model.blocks:
+        x = blk(x, attn_mask=ctx)
+    x = model.norm(x)
+    index = batch.image.clamp(min=0).flatten()
+    weight = batch.valid.flatten().to(x.dtype)[:, None]
+    total = x.new_zeros(batch.count, x.shape[-1]).index_add(0, index, x.flatten(0, 1) * weight)
+    count = x.new_zeros(batch.count).index_add(0, index, weight[:, 0])
+    return model.head(model.fc_norm(total / count[:, None]))
+
+
+def padded_images(images: list[torch.Tensor]) -> torch.Tensor:
+    """Every image zero-padded (bottom, right) to the largest height and width: [B, 3, H, W]."""
+    height, width = max(x.shape[1] for x in images), max(x.shape[2] for x in images)
+    return torch.stack([F.pad(x, (0, width - x.shape[2], 0, height - x.shape[1])) for x in images])
+
+
+# --- the measured steps ---------------------------------------------------------------------------------------
+def training_step(model: nn.Module, run: Callable[[], torch.Tensor]) -> Callable[[], None]:
+    def step() -> None:
+        model.train()
+        model.zero_grad(set_to_none=True)
+        run().sum().backward()
+
+    return step
+
+
+def configurations(part: str, scheme: str, batch: int, device: torch.device, dry_run: bool):  # noqa: ANN201
+    """label -> (model, step) for one scheme of one part; the first label is the part's baseline."""
+    g = torch.Generator().manual_seed(1)
+    if part == "dropout":
+        x = torch.randn(batch, 3, 224, 224, generator=g).to(device)
+        plain = build(None if scheme == "timm" else scheme, dry_run=dry_run).to(device)
+        dropping = build(None if scheme == "timm" else scheme, drop=0.5, dry_run=dry_run).to(device)
+        dropping.load_state_dict(plain.state_dict())
+        return {
+            "no dropout": (plain, training_step(plain, lambda: plain(x))),
+            "patch dropout 50%": (dropping, training_step(dropping, lambda: dropping(x))),
+        }
+    images = [torch.randn(3, h, w, generator=g) for h, w in draw_sizes(batch, seed=2)]
+    model = build(scheme, pooled=True, dry_run=dry_run).to(device)
+    padded = padded_images(images).to(device)
+    rows, packed = ragged_batch(images, packed=False).to(device), ragged_batch(images, packed=True).to(device)
+    return {
+        "padded to the largest": (model, training_step(model, lambda: model(padded))),
+        "ragged rows": (model, training_step(model, lambda: ragged_logits(model, rows))),
+        "packed rows": (model, training_step(model, lambda: ragged_logits(model, packed))),
+    }
+
+
+def _time(fn: Callable[[], None], device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def peak_memory(part: str, scheme: str, label: str, batch: int, device_name: str, dry_run: bool) -> int:
+    """Peak extra bytes of one training step of one configuration, measured in this process."""
+    device = torch.device(device_name)
+    _, step = configurations(part, scheme, batch, device, dry_run)[label]
+    step()  # warm-up: gradients allocated, kernels chosen
+    return _peak(step, device)
+
+
+def measure_memory(part: str, scheme: str, label: str, batch: int, device: torch.device, dry_run: bool) -> int:
+    """On CPU in a fresh process (the high-water mark must see this step alone), here on GPU."""
+    if device.type == "cuda":
+        return peak_memory(part, scheme, label, batch, device.type, dry_run)
+    code = (
+        "import json; from benchmarks.token_subsets import peak_memory; "
+        f"print(json.dumps(peak_memory({part!r}, {scheme!r}, {label!r}, {batch}, 'cpu', False)))"
+    )
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(64 * 1024)}
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, env=env)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def run_part(
+    part: str, schemes: list[str], batch: int, reps: int, device: torch.device, memory: bool, dry_run: bool
+) -> dict[str, dict[str, dict[str, float]]]:
+    """scheme -> configuration -> {ms, ratio (to the part's baseline, per-round medians), peak_mib, memory_ratio}."""
+    steps = {s: configurations(part, s, batch, device, dry_run) for s in schemes}
+    times = {s: {label: [] for label in configs} for s, configs in steps.items()}
+    for configs in steps.values():
+        for _, step in configs.values():
+            step()  # warm-up
+    for _ in range(reps):
+        for s, configs in steps.items():
+            for label, (_, step) in configs.items():
+                times[s][label].append(_time(step, device))
+    results: dict[str, dict[str, dict[str, float]]] = {}
+    for s, configs in steps.items():
+        base = next(iter(configs))
+        results[s] = {}
+        for label in configs:
+            pairs = zip(times[s][label], times[s][base], strict=True)
+            ratios = [b / t if part == "dropout" else t / b for t, b in pairs]
+            results[s][label] = {"ms": 1000 * statistics.median(times[s][label]), "ratio": statistics.median(ratios)}
+        if memory and part == "ragged":
+            peaks = {label: measure_memory(part, s, label, batch, device, dry_run) for label in configs}
+            for label, peak in peaks.items():
+                results[s][label] |= {"peak_mib": peak / 2**20, "memory_ratio": peak / max(peaks[base], 1)}
+    return results
+
+
+def table(part: str, results: dict[str, dict[str, dict[str, float]]]) -> str:
+    if part == "dropout":
+        lines = ["| scheme | step ms, no dropout | step ms, 50 % dropout | speed-up |", "| --- | ---: | ---: | ---: |"]
+        for s, row in results.items():
+            a, b = row["no dropout"], row["patch dropout 50%"]
+            lines.append(f"| {s} | {a['ms']:.0f} | {b['ms']:.0f} | {b['ratio']:.2f}x |")
+        return "\n".join(lines)
+    memory = "peak_mib" in next(iter(next(iter(results.values())).values()))
+    head = "| scheme | configuration | step ms | time ratio |" + (" peak MiB | memory ratio |" if memory else "")
+    lines = [head, "| --- | --- | ---: | ---: |" + (" ---: | ---: |" if memory else "")]
+    for s, row in results.items():
+        for label, r in row.items():
+            cells = [s, label, f"{r['ms']:.0f}", f"{r['ratio']:.2f}"]
+            if memory:
+                cells += [f"{r['peak_mib']:.0f}", f"{r['memory_ratio']:.2f}"]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--schemes", default=",".join(SCHEMES), help="comma-separated vispos 2D schemes")
+    parser.add_argument("--parts", default="dropout,ragged", help="dropout, ragged or both (comma-separated)")
+    parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurements of (b)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--json", default=None, help="also write the results here")
+    parser.add_argument("--dry-run", action="store_true", help="one block, batch 2, one round, no memory: "
+                        "proves the script runs")  # fmt: skip
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    schemes = [vispos.get_info(s, 2).name for s in args.schemes.split(",")]
+    parts = args.parts.split(",")
+    for part in parts:
+        if part not in ("dropout", "ragged"):
+            parser.error(f"unknown part {part!r}; known: dropout, ragged")
+    batch, reps = (2, 1) if args.dry_run else (args.batch, args.reps)
+    report: dict[str, object] = {"device": device.type, "batch": batch, "reps": reps, "dry_run": args.dry_run}
+    torch.manual_seed(0)
+    for part in parts:
+        rows = [*schemes, "timm"] if part == "dropout" else schemes
+        memory = not (args.no_memory or args.dry_run)
+        results = run_part(part, rows, batch, reps, device, memory, args.dry_run)
+        report[part] = results
+        if part == "dropout":
+            print(f"(a) {MODEL} at 224 px, batch {batch}, fp32, {device.type}, {reps} interleaved rounds: training "
+                  "step without patch dropout / with 50 % (timm: its own learned pos_embed)")  # fmt: skip
+        else:
+            sizes = draw_sizes(batch, seed=2)
+            print(f"(b) {MODEL} (no class token, average pool), {batch} images of "
+                  f"{', '.join(f'{h}x{w}' for h, w in sizes)} px, fp32, {device.type}, {reps} interleaved "
+                  "rounds: training step, ratios to padding every image to the largest")  # fmt: skip
+        print(table(part, results), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
