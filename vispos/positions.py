@@ -293,7 +293,8 @@ class Positions(nn.Module):
         keys and other images' tokens. Additive tables: ``add_to_ragged``. Attention runs through SDPA
         (FlexAttention is not used for these contexts); ``ctx.grid`` is the largest (H, W) in the batch."""
         layout = ragged_layout(coords, sizes, valid=valid, segments=segments, num_prefix_tokens=self.num_prefix_tokens)
-        user = combine_masks(layout.structure_mask(), as_float_mask(user_mask, torch.float32))
+        structure = None if layout.one_image_per_row() else layout.structure_mask()  # [B, 1, T, T]
+        user = combine_masks(structure, as_float_mask(user_mask, torch.float32))
         ctx = PositionContext(self, layout.grid, coords.device, user, None, 1.0, None, None, layout)
         if self.log_n_tokens is not None:  # per token: SDPA takes one scale for the whole batch
             ratio = layout.patch_counts().log() / math.log(self.log_n_tokens)

@@ -74,16 +74,17 @@ class RaggedLayout:
         entry 0 (hidden by the mask)."""
         counts = torch.tensor([(2 * h - 1) * (2 * w - 1) for h, w in self.sizes], device=self.image.device)
         start = torch.cumsum(counts, 0) - counts
-        total = counts.sum()
-        h, w = self.hw[..., 0, None], self.hw[..., 1, None]  # [B, T, 1]: the query's grid
-        y, x = self.yx[..., 0], self.yx[..., 1]
+        total = counts.sum().to(torch.int32)
+        hw, yx = self.hw.to(torch.int32), self.yx.to(torch.int32)  # the [B, T, T] steps in int32
+        h, w = hw[..., 0, None], hw[..., 1, None]  # [B, T, 1]: the query's grid
+        y, x = yx[..., 0], yx[..., 1]
         dy = y[:, :, None] - y[:, None, :] + h - 1  # [B, T, T]
         dx = x[:, :, None] - x[:, None, :] + w - 1
-        index = start[self.group][:, :, None] + dy * (2 * w - 1) + dx
+        index = start.to(torch.int32)[self.group][:, :, None] + dy * (2 * w - 1) + dx
         query, key = self.prefix[:, :, None], self.prefix[:, None, :]
         index = torch.where(query, torch.where(key, total + 2, total), torch.where(key, total + 1, index))
         same = (self.image[:, :, None] == self.image[:, None, :]) & self.valid[:, :, None]
-        return torch.where(same, index, 0).to(torch.int32)
+        return torch.where(same, index, 0)
 
     def structure_mask(self) -> torch.Tensor:
         """[B, 1, T, T] additive fp32: 0 where a query may attend to a key, -inf elsewhere. A token attends
@@ -96,6 +97,10 @@ class RaggedLayout:
         allowed = same | (~valid[:, :, None] & (valid[:, None, :] | itself))
         zeros = torch.zeros(allowed.shape, dtype=torch.float32, device=valid.device)
         return zeros.masked_fill(~allowed, float("-inf"))[:, None]
+
+    def one_image_per_row(self) -> bool:
+        """No padding and no packing: every token attends to its whole row, so no mask is needed."""
+        return bool((self.image == self.image[:, :1]).all())
 
     def patch_counts(self) -> torch.Tensor:
         """[B, T] fp32: the number of patches H * W of each token's image (padding: 1)."""
