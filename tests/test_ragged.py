@@ -379,3 +379,31 @@ def test_naflexvit_patch_dropout_keeps_each_tokens_coordinates() -> None:
         valid = torch.cat((torch.ones(p, dtype=torch.bool), subset["patch_valid"][0]))
         assert dropped.shape[1] == p + 8 and valid.sum() > p + 4
         torch.testing.assert_close(dropped[0, valid], expected[0, valid], rtol=1e-5, atol=1e-5)
+
+
+def test_a_patched_naflexvit_pickles_and_its_weights_load_into_a_fresh_one() -> None:
+    import pickle
+
+    net = make_naflex(["learned2d", "relbias2d"])
+    fresh = make_naflex(["learned2d", "relbias2d"])
+    with torch.no_grad():
+        for param in fresh.vispos.parameters():
+            param.zero_()
+    fresh.load_state_dict(net.state_dict())
+    x = naflex_samples()[0][0][None]
+    with torch.no_grad():
+        expected = net(x)
+        torch.testing.assert_close(fresh(x), expected, rtol=0, atol=0)
+        torch.testing.assert_close(pickle.loads(pickle.dumps(net))(x), expected, rtol=0, atol=0)
+
+
+def test_a_ragged_batch_attends_through_sdpa_when_flex_attention_is_configured() -> None:
+    """FlexAttention's score_mod reads one dense grid; a ragged context falls back to SDPA with its mask."""
+    net = make("relbias2d", prefix=True)
+    with torch.no_grad():
+        expected = ragged_features(net, [[i] for i in range(len(SIZES))], orders(net))[0]
+        vispos.configure(net, attention="flex")
+        coords, valid = torch.zeros(1, 2, 2, dtype=torch.long), torch.ones(1, 2, dtype=torch.bool)
+        assert net.vispos.ragged_context(coords, torch.tensor([[1, 1]]), valid=valid).flex(0) is None
+        got = ragged_features(net, [[i] for i in range(len(SIZES))], orders(net))[0]
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
