@@ -306,3 +306,22 @@ def test_progress_lines_in_a_redirected_process(tmp_path: Path) -> None:
     assert done.returncode == 0, text[-2000:]
     assert "[rope2d] epoch 1/1, step 2/5 (2/5): loss" in text and "[rope2d] epoch 1/1, step 4/5 (4/5): loss" in text
     assert "\r" not in text  # no bar redraws in the file
+
+
+def test_ctrl_c_during_a_checkpoint_write_lands_after_the_file_is_in_place(tmp_path: Path) -> None:
+    """SIGINT may reach any thread while torch.save runs; the write finishes, then the interrupt is raised."""
+    import threading
+
+    from train.checkpoint import atomic_save
+
+    target = tmp_path / "checkpoint.pt"
+    timer = threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT))  # sent from another thread
+    timer.start()
+    saved = 0
+    with pytest.raises(KeyboardInterrupt):
+        for saved in range(1, 100_000):
+            atomic_save({"step": saved, "x": torch.randn(100_000)}, target)
+    timer.join()
+    assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    # the interrupt lands after the write it interrupted, or before the next one began
+    assert torch.load(target, weights_only=True)["step"] in (saved - 1, saved)

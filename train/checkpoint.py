@@ -8,9 +8,13 @@ determines the trained weights) decides whether it may be resumed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
+import signal
 import tempfile
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,20 +27,41 @@ FORMAT = 1
 
 
 def atomic_save(obj: Any, path: Path) -> None:
-    """torch.save to a temporary file in the same folder, fsync, then os.replace onto ``path``."""
+    """torch.save to a temporary file in the same folder, fsync, then os.replace onto ``path``. Ctrl-C
+    (SIGINT) and SIGTERM wait until the file is in place, so an interrupted run leaves no temporary file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    with signals_deferred():
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                torch.save(obj, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, 0o644)  # mkstemp creates 0600
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM back for the block and deliver one that arrived after it. Python runs signal
+    handlers in the main thread whichever thread the signal reached, so the handlers are swapped there."""
+    signals = [s for s in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(s) is not None]
+    if threading.current_thread() is not threading.main_thread() or not signals:
+        yield
+        return
+    caught: list[int] = []
+    previous = {s: signal.signal(s, lambda signum, _frame: caught.append(signum)) for s in signals}
     try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        for s in dict.fromkeys(caught):
+            signal.raise_signal(s)
 
 
 class CheckpointError(RuntimeError):
