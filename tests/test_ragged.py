@@ -10,6 +10,8 @@ image's tokens, row-major, as NaFlexVit's RoPE does (``coords_from_order``)."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import timm
 import torch
@@ -407,3 +409,16 @@ def test_a_ragged_batch_attends_through_sdpa_when_flex_attention_is_configured()
         assert net.vispos.ragged_context(coords, torch.tensor([[1, 1]]), valid=valid).flex(0) is None
         got = ragged_features(net, [[i] for i in range(len(SIZES))], orders(net))[0]
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+def test_vispos_patch_takes_a_naflexvit_and_says_its_own_positions_are_replaced() -> None:
+    def naflex() -> torch.nn.Module:
+        return timm.create_model("naflexvit_base_patch16_gap", img_size=64, embed_dim=64, num_heads=2, depth=2,
+                                 num_classes=3)  # fmt: skip
+
+    with pytest.warns(vispos.PretrainedPositionsWarning, match="NaFlexVit's own positions .* are replaced"):
+        model = vispos.patch(naflex(), "rope2d")
+    assert type(model).__name__ == "PatchedNaFlexVit" and model.vispos.settings["pos"] == ["rope2d"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        vispos.patch(naflex(), "relbias2d", inherit=False)

@@ -22,6 +22,7 @@ from safetensors import safe_open
 from timm.layers import Format
 from timm.models import load_checkpoint, load_pretrained, load_state_dict
 from timm.models.eva import Eva
+from timm.models.naflexvit import NaFlexVit
 from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
@@ -122,6 +123,15 @@ def patch(
     RoPE with that warning too. ``inherit=False`` starts from fresh positions silently.
     """
     check_bool("inherit", inherit)
+    if isinstance(model, NaFlexVit):  # its own host: positions from patch_coord / patch_valid
+        from .naflex import patch_naflex  # imported here: naflex builds on this module
+
+        if inherit:
+            warn(
+                "timm NaFlexVit's own positions (its learned table, its RoPE) are replaced, not inherited: "
+                "the pretrained weights were trained with them. inherit=False starts fresh without this warning"
+            )
+        return patch_naflex(model, pos, **options)
     _check_model(model)
     additive, attention, conditional = _resolve_schemes(pos)
     own = own_rope(model) if inherit else None
