@@ -33,7 +33,6 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -43,6 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import vispos
+from benchmarks.patch_overhead import _time
 from benchmarks.position_memory import _peak
 
 MODEL = "vit_small_patch16_224"
@@ -193,16 +193,6 @@ def configurations(part: str, scheme: str, batch: int, device: torch.device, dry
         "ragged rows": (model, training_step(model, lambda: ragged_logits(model, rows))),
         "packed rows": (model, training_step(model, lambda: ragged_logits(model, packed))),
     }
-
-
-def _time(fn: Callable[[], None], device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter() - start
 
 
 def peak_memory(part: str, scheme: str, label: str, batch: int, device_name: str, dry_run: bool) -> int:
