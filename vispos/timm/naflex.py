@@ -25,12 +25,10 @@ from timm.models.naflexvit import NaFlexVit
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .._validate import check_grid
 from ..positions import Positions
-from ..registry import build_in_context, split_options
-from .attention import SUPPORTED_ATTENTION, PatchedAttention
-from .model import after_block
-from .patching import _build, _resolve_schemes
+from ..registry import split_options
+from .attention import SUPPORTED_ATTENTION
+from .patching import _resolve_schemes, build_positions, patch_attention
 
 
 class PatchedNaFlexVit(NaFlexVit):
@@ -112,39 +110,14 @@ def patch_naflex(model: nn.Module, pos: str | list[str] | tuple[str, ...], **opt
     used = [i for i in (additive, attention, conditional) if i is not None]
     per_scheme = dict(zip([i.name for i in used], split_options(used, options), strict=True))
     embeds = model.embeds
-    grid = check_grid(tuple(embeds.pos_embed_grid_size))
-    attn0, depth = model.blocks[0].attn, len(model.blocks)
-    context = {"num_heads": attn0.num_heads, "train_grid": grid}
-    modules: dict[str, nn.Module | None] = {"additive": None, "attention": None, "conditional": None}
-    if additive is not None:
-        add_context = context | {"dim": model.embed_dim, "num_prefix_tokens": 0}
-        modules["additive"] = _build(additive, add_context, per_scheme[additive.name], depth)
-    if attention is not None:
-        att_context = context | {"dim": attn0.head_dim, "num_prefix_tokens": model.num_prefix_tokens}
-        modules["attention"] = _build(attention, att_context, per_scheme[attention.name], depth)
-    if conditional is not None:
-        modules["conditional"] = build_in_context(conditional, {"dim": model.embed_dim}, per_scheme[conditional.name])
-        if modules["conditional"].after >= depth:
-            raise ValueError(f"{conditional.name}: after must be below the model's {depth} blocks")
-    model.vispos = Positions(
-        additive=modules["additive"],
-        attention=modules["attention"],
-        attention_kind=attention.kind if attention is not None else "none",
-        depth=depth,
-        num_prefix_tokens=model.num_prefix_tokens,
-        train_grid=grid,
-        schemes=[i.name for i in used] or ["nope"],
-        options={k: v for scheme_options in per_scheme.values() for k, v in scheme_options.items()},
-        conditional=modules["conditional"],
+    model.vispos = build_positions(
+        model, (additive, attention, conditional), per_scheme, tuple(embeds.pos_embed_grid_size), table_prefix=0
     )
     for name in ("pos_embed", "pos_embed_y", "pos_embed_x"):
         if getattr(embeds, name, None) is not None:
             setattr(embeds, name, None)
     embeds.pos_embed_type = "none"
     model.rope, model.rope_is_mixed = None, False
-    for i, blk in enumerate(model.blocks):
-        blk.attn = PatchedAttention(blk.attn, layer_idx=i)
-    if modules["conditional"] is not None:
-        model.blocks[modules["conditional"].after].register_forward_hook(after_block, with_kwargs=True)
+    patch_attention(model)
     model.__class__ = PatchedNaFlexVit
     return model

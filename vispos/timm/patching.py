@@ -142,26 +142,50 @@ def patch(
     per_scheme = dict(zip([i.name for i in used], split_options(used, options), strict=True))
     if kept is not None:
         per_scheme[kept.scheme] = merge_options(kept, per_scheme[kept.scheme])
-    grid = check_grid(tuple(model.patch_embed.grid_size))
-    attn0 = model.blocks[0].attn
-    depth = len(model.blocks)
-    context = {"num_heads": attn0.num_heads, "train_grid": grid}
+    table_prefix = 0 if model.no_embed_class else model.num_prefix_tokens  # prefix rows of timm's table
+    model.vispos = build_positions(
+        model, (additive, attention, conditional), per_scheme, tuple(model.patch_embed.grid_size), table_prefix, kept
+    )
+    model.pos_embed = None
+    if isinstance(model, Eva):
+        model.rope, model.rope_mixed = None, False
+    patch_attention(model)
+    pe = model.patch_embed
+    pe.flatten, pe.output_fmt, pe.strict_img_size = False, Format.NHWC, False  # dynamic_img_pad stays as it was
+    model.dynamic_img_size = True
+    model.__class__ = patched_class(type(model))
+    model.register_load_state_dict_pre_hook(adopt_timm_checkpoint)
+    return model
 
-    add_module = None
+
+def build_positions(
+    model: nn.Module,
+    schemes: tuple[SchemeInfo | None, SchemeInfo | None, SchemeInfo | None],
+    per_scheme: dict[str, dict[str, Any]],
+    grid: tuple[int, int],
+    table_prefix: int,
+    kept: OwnRope | None = None,
+) -> Positions:
+    """The ``Positions`` of a host model: its (additive, attention, conditional) schemes built for the
+    model's widths, heads, depth and training ``grid``; ``table_prefix``: the prefix rows of an additive
+    table. A learned table starts from the model's own ``pos_embed`` where it fits; ``kept``: the model's
+    own RoPE whose learned frequencies are adopted."""
+    additive, attention, conditional = schemes
+    grid = check_grid(grid)
+    attn0, depth = model.blocks[0].attn, len(model.blocks)
+    context = {"num_heads": attn0.num_heads, "train_grid": grid}
+    add_module = att_module = cond_module = None
     if additive is not None:
-        table_prefix = 0 if model.no_embed_class else model.num_prefix_tokens  # prefix rows of timm's table
         add_context = context | {"dim": model.embed_dim, "num_prefix_tokens": table_prefix}
         add_module = _build(additive, add_context, per_scheme[additive.name], depth)
         adopt = getattr(add_module, "adopt_pos_embed", None)  # start from the model's own table
         if adopt is not None and getattr(model, "pos_embed", None) is not None:
             adopt(model.pos_embed)
-    att_module = None
     if attention is not None:
         att_context = context | {"dim": attn0.head_dim, "num_prefix_tokens": model.num_prefix_tokens}
         att_module = _build(attention, att_context, per_scheme[attention.name], depth)
         if kept is not None and kept.freqs is not None:
             adopt_freqs(att_module, kept)
-    cond_module = None
     if conditional is not None:
         cond_module = build_in_context(conditional, {"dim": model.embed_dim}, per_scheme[conditional.name])
         if cond_module.after >= depth:
@@ -169,32 +193,28 @@ def patch(
                 f"{conditional.name}: after={cond_module.after} is out of range; the model has {depth} blocks "
                 f"(after=0 to {depth - 1})"
             )
-
-    model.vispos = Positions(
+    return Positions(
         additive=add_module,
         attention=att_module,
         attention_kind=attention.kind if attention is not None else "none",
         depth=depth,
         num_prefix_tokens=model.num_prefix_tokens,
         train_grid=grid,
-        schemes=[i.name for i in used] or ["nope"],
+        schemes=[i.name for i in schemes if i is not None] or ["nope"],
         options={k: v for scheme_options in per_scheme.values() for k, v in scheme_options.items()},
         inherited=kept.record() if kept is not None else None,
         conditional=cond_module,
     )
-    model.pos_embed = None
-    if isinstance(model, Eva):
-        model.rope, model.rope_mixed = None, False
+
+
+def patch_attention(model: nn.Module) -> None:
+    """Each block's attention becomes a ``PatchedAttention`` reading ``model.vispos``'s context; a
+    conditional scheme is hooked to the output of the block it follows (every call with the context)."""
     for i, blk in enumerate(model.blocks):
         blk.attn = PatchedAttention(blk.attn, layer_idx=i)
-    if cond_module is not None:  # applied to that block's output on every call with the context
-        model.blocks[cond_module.after].register_forward_hook(after_block, with_kwargs=True)
-    pe = model.patch_embed
-    pe.flatten, pe.output_fmt, pe.strict_img_size = False, Format.NHWC, False  # dynamic_img_pad stays as it was
-    model.dynamic_img_size = True
-    model.__class__ = patched_class(type(model))
-    model.register_load_state_dict_pre_hook(adopt_timm_checkpoint)
-    return model
+    conditional = model.vispos.conditional
+    if conditional is not None:
+        model.blocks[conditional.after].register_forward_hook(after_block, with_kwargs=True)
 
 
 def _inheriting(
