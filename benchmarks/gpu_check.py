@@ -1,15 +1,31 @@
-"""A ready GPU check: every scheme's throughput and peak memory at several resolutions, in one script.
+"""A ready GPU check: every scheme's throughput and peak memory at several resolutions, and what token
+subsets and ragged batches save, in one script.
 
-    python -m benchmarks.gpu_check [--sizes 224 448 896] [--batch 32] [--no-compile] [--out DIR]
+    python -m benchmarks.gpu_check [--sizes 224 448 896] [--batch 32] [--token-batch 32] [--reps 10]
+                                   [--no-compile] [--skip-throughput] [--skip-token-subsets] [--out DIR]
     python -m benchmarks.gpu_check --dry-run          # tiny, on CPU: proves the script runs
 
-For ``vit_small_patch16_224`` under bf16 autocast and ``torch.inference_mode()``: images per second and
-peak memory (``torch.cuda.max_memory_allocated``) of the unpatched timm model, timm's own Eva RoPE
-model, and the model patched with every 2D scheme; the relative biases twice, through SDPA and through
-FlexAttention (``vispos.configure(model, attention="flex")``), and the SDPA kernel each reaches (an eager
-forward, read from the profiler's op names). ``torch.compile`` is on unless
-``--no-compile``. Writes ``gpu_check.json`` and ``gpu_check.md`` to ``--out``. Sizes the model cannot
-fit in memory are reported as such, not fatal.
+Throughput: for ``vit_small_patch16_224`` under bf16 autocast and ``torch.inference_mode()``: images per
+second and peak memory (``torch.cuda.max_memory_allocated``) of the unpatched timm model, timm's own Eva
+RoPE model, and the model patched with every 2D scheme; the relative biases twice, through SDPA and
+through FlexAttention (``vispos.configure(model, attention="flex")``), and the SDPA kernel each reaches
+(an eager forward, read from the profiler's op names). ``torch.compile`` is on unless ``--no-compile``.
+Sizes the model cannot fit in memory are reported as such, not fatal.
+
+Token subsets, through ``benchmarks.token_subsets``'s functions, for every 2D scheme, training steps
+(forward + backward) of ``--token-batch`` images, eager (a ragged context reads its grid sizes as Python
+numbers, so it does not compile), the forward and its loss under bf16 autocast (fp32 weights and
+gradients; fp32 in the dry run), ``--reps`` interleaved rounds, ratios as medians of per-round ratios:
+(a) patch dropout 50 % vs none at 224 px: the speed-up of the step, timm's own model for comparison;
+(b) a ragged batch (112-224 px per side, mixed aspect ratios) as ragged rows and as packed rows against
+every image zero-padded to the largest: step time and peak memory (``max_memory_allocated`` after
+``reset_peak_memory_stats``, extra over the resting model; not measured in the dry run) as ratios to the
+padded batch. The relative biases run (b) twice, the second time configured for FlexAttention
+(``<scheme> (flex)``); the ``attention`` column names what each step reaches, read from the profiler:
+an SDPA kernel, or "none (FlexAttention)". Where vispos does not take FlexAttention (a ragged context
+without a FlexAttention path, or any training step on CPU), a flex row names the SDPA kernel it runs.
+
+Writes ``gpu_check.json`` and ``gpu_check.md`` (one section per measurement) to ``--out``.
 """
 
 from __future__ import annotations
@@ -25,6 +41,7 @@ import torch
 from torch import nn
 
 import vispos
+from benchmarks import token_subsets as subsets
 from vispos.diagnostics.kernels import sdpa_kernels
 
 MODEL = "vit_small_patch16_224"
@@ -116,30 +133,91 @@ def markdown(results: dict, kernels: dict[str, str], sizes: list[int]) -> str:
     return "\n".join(lines)
 
 
+def token_subset_parts(batch: int, reps: int, device: torch.device, dry_run: bool) -> dict[str, dict]:
+    """(a) and (b) of ``benchmarks.token_subsets`` on ``device`` -> {"dropout": scheme -> configuration ->
+    {ms, ratio}, "ragged": scheme -> configuration -> {ms, ratio, attention, and on CUDA peak_mib,
+    memory_ratio}}; (b) holds each relative bias once more as "<scheme> (flex)"."""
+    autocast = torch.bfloat16 if device.type == "cuda" else None
+    memory = device.type == "cuda"  # on CPU a fresh process per step: token_subsets's own command line
+    schemes = vispos.list_encodings(ndim=2)
+    dropout = subsets.run_part("dropout", [*schemes, "timm"], batch, reps, device, False, dry_run, autocast=autocast)
+    print(subsets.table("dropout", dropout), flush=True)
+    ragged = subsets.run_part("ragged", schemes, batch, reps, device, memory, dry_run, autocast=autocast, kernels=True)
+    bias = vispos.list_encodings(ndim=2, kind="bias")
+    flex = subsets.run_part(
+        "ragged", bias, batch, reps, device, memory, dry_run, attention="flex", autocast=autocast, kernels=True
+    )
+    ragged |= {f"{scheme} (flex)": row for scheme, row in flex.items()}
+    print(subsets.table("ragged", ragged), flush=True)
+    return {"dropout": dropout, "ragged": ragged}
+
+
+def sections(report: dict) -> str:
+    """gpu_check.md's body: one section per measurement in ``report`` (gpu_check.json's content)."""
+    out = []
+    if "results" in report:
+        throughput = markdown(report["results"], report["kernels"], report["sizes"])
+        out += ["## Inference throughput and peak memory", throughput]
+    if "patch_dropout" in report:
+        a, b = report["patch_dropout"], report["ragged"]
+        sizes = ", ".join(f"{h}x{w}" for h, w in b["image_sizes"])
+        out += [
+            "## (a) Patch dropout 50 % vs none",
+            f"{MODEL} at 224 px, batch {a['batch']}, training step, {a['dtype']}; speed-up = step time without "
+            "dropout / with (timm: its own learned pos_embed).",
+            subsets.table("dropout", a["results"]),
+            "## (b) Ragged batch vs padding every image to the largest",
+            f"{MODEL} (no class token, average pool), training step, {b['dtype']}, {b['batch']} images of {sizes} "
+            "px; ratios to the padded batch (below 1: cheaper); attention: the SDPA kernel each step reaches, or "
+            "none (FlexAttention).",
+            subsets.table("ragged", b["results"]),
+        ]
+    return "\n\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", type=int, nargs="+", default=[224, 448, 896])
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--token-batch", type=int, default=32, help="images per training step in (a) and (b)")
     p.add_argument("--no-compile", action="store_true")
-    p.add_argument("--dry-run", action="store_true", help="tiny sizes on CPU, two blocks, no compile")
+    p.add_argument("--skip-throughput", action="store_true", help="only (a) and (b)")
+    p.add_argument("--skip-token-subsets", action="store_true", help="only the throughput table, no (a) and (b)")
+    p.add_argument("--dry-run", action="store_true", help="tiny sizes on CPU, two blocks (one in (a) and (b)), "
+                   "batch 2 in (a) and (b), no compile, one round")  # fmt: skip
     p.add_argument("--out", default="gpu_check")
     args = p.parse_args(argv)
+    if args.skip_throughput and args.skip_token_subsets:
+        p.error("--skip-throughput and --skip-token-subsets leave nothing to measure")
     if args.dry_run:
-        device, sizes, batch, reps, compile_model = torch.device("cpu"), [32, 64], 1, 1, False
+        device, sizes, batch, token_batch, reps, compile_model = torch.device("cpu"), [32, 64], 1, 2, 1, False
     else:
         if not torch.cuda.is_available():
             p.error("no CUDA device; use --dry-run to check the script on CPU")
         device, sizes, batch, reps = torch.device("cuda"), args.sizes, args.batch, args.reps
-        compile_model = not args.no_compile
-    results, kernels = run(sizes, batch, reps, compile_model, device, args.dry_run)
+        token_batch, compile_model = args.token_batch, not args.no_compile
+    dtype = "bf16 autocast" if device.type == "cuda" else "fp32"
+    meta: dict[str, object] = {"model": MODEL, "device": str(device), "reps": reps, "dtype": dtype}
+    if not args.skip_throughput:
+        meta |= {"batch": batch, "compile": compile_model, "sizes": sizes}
+    report: dict[str, object] = dict(meta)
+    if not args.skip_throughput:
+        results, kernels = run(sizes, batch, reps, compile_model, device, args.dry_run)
+        report |= {"results": results, "kernels": kernels}
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    if not args.skip_token_subsets:
+        parts = token_subset_parts(token_batch, reps, device, args.dry_run)
+        common = {"batch": token_batch, "reps": reps, "dtype": dtype, "compile": False}
+        report["patch_dropout"] = {**common, "results": parts["dropout"]}
+        sizes_b = subsets.draw_sizes(token_batch, seed=2)
+        report["ragged"] = {**common, "image_sizes": [list(hw) for hw in sizes_b], "results": parts["ragged"]}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    meta = {"model": MODEL, "device": str(device), "batch": batch, "reps": reps, "compile": compile_model,
-            "dtype": "bf16 autocast" if device.type == "cuda" else "fp32", "sizes": sizes}
-    (out / "gpu_check.json").write_text(json.dumps({**meta, "results": results, "kernels": kernels}, indent=2))
-    (out / "gpu_check.md").write_text(f"{json.dumps(meta)}\n\n{markdown(results, kernels, sizes)}\n")
-    print(markdown(results, kernels, sizes))
+    (out / "gpu_check.json").write_text(json.dumps(report, indent=2))
+    (out / "gpu_check.md").write_text(f"{json.dumps(meta)}\n\n{sections(report)}\n")
+    print(sections(report))
     return 0
 
 

@@ -22,7 +22,9 @@ Reported: training-step time and peak memory, each as a ratio to the baseline (b
 Timing: repetitions are interleaved (each round times every configuration once) and ratios are medians
 of per-round ratios, so machine noise hits all rows alike. Peak memory: on CPU each configuration's step
 runs in a fresh process (``benchmarks.position_memory``'s high-water-mark method); on GPU
-``max_memory_allocated``.
+``max_memory_allocated``. The command line runs fp32 with SDPA; ``run_part`` also takes an autocast dtype,
+``attention="flex"`` and a probe of the attention kernel each step reaches, which ``benchmarks.gpu_check``
+uses to run (a) and (b) on a GPU.
 """
 
 from __future__ import annotations
@@ -44,14 +46,18 @@ from torch import nn
 import vispos
 from benchmarks.patch_overhead import _time
 from benchmarks.position_memory import _peak
+from vispos.diagnostics.kernels import sdpa_kernels
 
 MODEL = "vit_small_patch16_224"
 SCHEMES = ["rope2d", "rope2d_mixed", "relbias2d", "cpb2d", "alibi2d", "learned2d", "nope"]
 PATCH = 16
 
 
-def build(scheme: str | None, *, drop: float = 0.0, pooled: bool = False, dry_run: bool = False) -> nn.Module:
-    """ViT-S/16 (``scheme`` None: timm's own), patch dropout ``drop``; ``pooled``: no class token, average pool."""
+def build(
+    scheme: str | None, *, drop: float = 0.0, pooled: bool = False, dry_run: bool = False, attention: str = "sdpa"
+) -> nn.Module:
+    """ViT-S/16 (``scheme`` None: timm's own), patch dropout ``drop``; ``pooled``: no class token, average pool;
+    ``attention="flex"``: relative biases through FlexAttention (``vispos.configure``)."""
     torch.manual_seed(0)
     kwargs: dict[str, object] = {"patch_drop_rate": drop, "num_classes": 10}
     if pooled:
@@ -60,7 +66,8 @@ def build(scheme: str | None, *, drop: float = 0.0, pooled: bool = False, dry_ru
         kwargs["depth"] = 1
     if scheme is None:
         return timm.create_model(MODEL, **kwargs)
-    return vispos.create_model(MODEL, pos=scheme, **kwargs)
+    model = vispos.create_model(MODEL, pos=scheme, **kwargs)
+    return model if attention == "sdpa" else vispos.configure(model, attention=attention)
 
 
 # --- (b) ragged batches -------------------------------------------------------------------------------------
@@ -163,17 +170,35 @@ def padded_images(images: list[torch.Tensor]) -> torch.Tensor:
 
 
 # --- the measured steps ---------------------------------------------------------------------------------------
-def training_step(model: nn.Module, run: Callable[[], torch.Tensor]) -> Callable[[], None]:
+def training_step(
+    model: nn.Module, run: Callable[[], torch.Tensor], autocast: torch.dtype | None = None
+) -> Callable[[], None]:
+    """-> a training step: ``run()`` (under autocast to ``autocast`` on the model's device, if given) summed,
+    then the backward pass."""
+    device_type = next(model.parameters()).device.type
+
     def step() -> None:
         model.train()
         model.zero_grad(set_to_none=True)
-        run().sum().backward()
+        with torch.autocast(device_type, dtype=autocast, enabled=autocast is not None):
+            loss = run().sum()
+        loss.backward()
 
     return step
 
 
-def configurations(part: str, scheme: str, batch: int, device: torch.device, dry_run: bool):  # noqa: ANN201
-    """label -> (model, step) for one scheme of one part; the first label is the part's baseline."""
+def configurations(  # noqa: ANN201
+    part: str,
+    scheme: str,
+    batch: int,
+    device: torch.device,
+    dry_run: bool,
+    *,
+    attention: str = "sdpa",
+    autocast: torch.dtype | None = None,
+):
+    """label -> (model, step) for one scheme of one part; the first label is the part's baseline.
+    ``attention`` applies to (b) only (``build``); ``autocast``: the forward's autocast dtype (None: fp32)."""
     g = torch.Generator().manual_seed(1)
     if part == "dropout":
         x = torch.randn(batch, 3, 224, 224, generator=g).to(device)
@@ -181,46 +206,84 @@ def configurations(part: str, scheme: str, batch: int, device: torch.device, dry
         dropping = build(None if scheme == "timm" else scheme, drop=0.5, dry_run=dry_run).to(device)
         dropping.load_state_dict(plain.state_dict())
         return {
-            "no dropout": (plain, training_step(plain, lambda: plain(x))),
-            "patch dropout 50%": (dropping, training_step(dropping, lambda: dropping(x))),
+            "no dropout": (plain, training_step(plain, lambda: plain(x), autocast)),
+            "patch dropout 50%": (dropping, training_step(dropping, lambda: dropping(x), autocast)),
         }
     images = [torch.randn(3, h, w, generator=g) for h, w in draw_sizes(batch, seed=2)]
-    model = build(scheme, pooled=True, dry_run=dry_run).to(device)
+    model = build(scheme, pooled=True, dry_run=dry_run, attention=attention).to(device)
     padded = padded_images(images).to(device)
     rows, packed = ragged_batch(images, packed=False).to(device), ragged_batch(images, packed=True).to(device)
     return {
-        "padded to the largest": (model, training_step(model, lambda: model(padded))),
-        "ragged rows": (model, training_step(model, lambda: ragged_logits(model, rows))),
-        "packed rows": (model, training_step(model, lambda: ragged_logits(model, packed))),
+        "padded to the largest": (model, training_step(model, lambda: model(padded), autocast)),
+        "ragged rows": (model, training_step(model, lambda: ragged_logits(model, rows), autocast)),
+        "packed rows": (model, training_step(model, lambda: ragged_logits(model, packed), autocast)),
     }
 
 
-def peak_memory(part: str, scheme: str, label: str, batch: int, device_name: str, dry_run: bool) -> int:
+def peak_memory(
+    part: str,
+    scheme: str,
+    label: str,
+    batch: int,
+    device_name: str,
+    dry_run: bool,
+    attention: str = "sdpa",
+    autocast: torch.dtype | None = None,
+) -> int:
     """Peak extra bytes of one training step of one configuration, measured in this process."""
     device = torch.device(device_name)
-    _, step = configurations(part, scheme, batch, device, dry_run)[label]
+    _, step = configurations(part, scheme, batch, device, dry_run, attention=attention, autocast=autocast)[label]
     step()  # warm-up: gradients allocated, kernels chosen
     return _peak(step, device)
 
 
-def measure_memory(part: str, scheme: str, label: str, batch: int, device: torch.device, dry_run: bool) -> int:
-    """On CPU in a fresh process (the high-water mark must see this step alone), here on GPU."""
+def measure_memory(
+    part: str,
+    scheme: str,
+    label: str,
+    batch: int,
+    device: torch.device,
+    dry_run: bool,
+    *,
+    attention: str = "sdpa",
+    autocast: torch.dtype | None = None,
+) -> int:
+    """Peak extra bytes of one training step (``peak_memory``): on CPU in a fresh process (the high-water mark
+    must see this step alone), here on GPU (``max_memory_allocated`` after ``reset_peak_memory_stats``)."""
     if device.type == "cuda":
-        return peak_memory(part, scheme, label, batch, device.type, dry_run)
+        return peak_memory(part, scheme, label, batch, device.type, dry_run, attention, autocast)
     code = (
-        "import json; from benchmarks.token_subsets import peak_memory; "
-        f"print(json.dumps(peak_memory({part!r}, {scheme!r}, {label!r}, {batch}, 'cpu', False)))"
+        "import json, torch; from benchmarks.token_subsets import peak_memory; "
+        f"print(json.dumps(peak_memory({part!r}, {scheme!r}, {label!r}, {batch}, 'cpu', {dry_run}, "
+        f"{attention!r}, {autocast!r})))"
     )
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(64 * 1024)}
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, env=env)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def attention_path(step: Callable[[], None]) -> str:
+    """The SDPA kernel(s) one call of ``step`` reaches (profiler op names), or "none (FlexAttention)"."""
+    return ", ".join(sorted(sdpa_kernels(step))) or "none (FlexAttention)"
+
+
 def run_part(
-    part: str, schemes: list[str], batch: int, reps: int, device: torch.device, memory: bool, dry_run: bool
-) -> dict[str, dict[str, dict[str, float]]]:
-    """scheme -> configuration -> {ms, ratio (to the part's baseline, per-round medians), peak_mib, memory_ratio}."""
-    steps = {s: configurations(part, s, batch, device, dry_run) for s in schemes}
+    part: str,
+    schemes: list[str],
+    batch: int,
+    reps: int,
+    device: torch.device,
+    memory: bool,
+    dry_run: bool,
+    *,
+    attention: str = "sdpa",
+    autocast: torch.dtype | None = None,
+    kernels: bool = False,
+) -> dict[str, dict[str, dict[str, float | str]]]:
+    """scheme -> configuration -> {ms, ratio (to the part's baseline, per-round medians), peak_mib, memory_ratio
+    (``memory``, (b) only), attention (``kernels``: ``attention_path`` of the step)}."""
+    setting = {"attention": attention, "autocast": autocast}
+    steps = {s: configurations(part, s, batch, device, dry_run, **setting) for s in schemes}
     times = {s: {label: [] for label in configs} for s, configs in steps.items()}
     for configs in steps.values():
         for _, step in configs.values():
@@ -237,28 +300,37 @@ def run_part(
             pairs = zip(times[s][label], times[s][base], strict=True)
             ratios = [b / t if part == "dropout" else t / b for t, b in pairs]
             results[s][label] = {"ms": 1000 * statistics.median(times[s][label]), "ratio": statistics.median(ratios)}
+            if kernels:
+                results[s][label]["attention"] = attention_path(configs[label][1])
         if memory and part == "ragged":
-            peaks = {label: measure_memory(part, s, label, batch, device, dry_run) for label in configs}
+            peaks = {label: measure_memory(part, s, label, batch, device, dry_run, **setting) for label in configs}
             for label, peak in peaks.items():
                 results[s][label] |= {"peak_mib": peak / 2**20, "memory_ratio": peak / max(peaks[base], 1)}
     return results
 
 
-def table(part: str, results: dict[str, dict[str, dict[str, float]]]) -> str:
+def table(part: str, results: dict[str, dict[str, dict[str, float | str]]]) -> str:
+    """A markdown table of one part's results; (b) with memory and attention columns where measured."""
     if part == "dropout":
         lines = ["| scheme | step ms, no dropout | step ms, 50 % dropout | speed-up |", "| --- | ---: | ---: | ---: |"]
         for s, row in results.items():
             a, b = row["no dropout"], row["patch dropout 50%"]
             lines.append(f"| {s} | {a['ms']:.0f} | {b['ms']:.0f} | {b['ratio']:.2f}x |")
         return "\n".join(lines)
-    memory = "peak_mib" in next(iter(next(iter(results.values())).values()))
+    first = next(iter(next(iter(results.values())).values()))
+    memory, kernels = "peak_mib" in first, "attention" in first
     head = "| scheme | configuration | step ms | time ratio |" + (" peak MiB | memory ratio |" if memory else "")
-    lines = [head, "| --- | --- | ---: | ---: |" + (" ---: | ---: |" if memory else "")]
+    lines = [
+        head + (" attention |" if kernels else ""),
+        "| --- | --- | ---: | ---: |" + (" ---: | ---: |" if memory else "") + (" --- |" if kernels else ""),
+    ]
     for s, row in results.items():
         for label, r in row.items():
             cells = [s, label, f"{r['ms']:.0f}", f"{r['ratio']:.2f}"]
             if memory:
                 cells += [f"{r['peak_mib']:.0f}", f"{r['memory_ratio']:.2f}"]
+            if kernels:
+                cells.append(str(r["attention"]))
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -5,15 +5,20 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 import vispos
 from benchmarks.gpu_check import main
+
+SCHEMES = set(vispos.list_encodings(ndim=2))
+FLEX = {f"{s} (flex)" for s in vispos.list_encodings(ndim=2, kind="bias")}
+RAGGED = {"padded to the largest", "ragged rows", "packed rows"}
 
 
 def test_gpu_check_dry_run_writes_every_configuration(tmp_path: Path) -> None:
     assert main(["--dry-run", "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "gpu_check.json").read_text())
-    expected = {f"vispos {s}" for s in vispos.list_encodings(ndim=2)}
-    expected |= {f"vispos {s} (flex)" for s in vispos.list_encodings(ndim=2, kind="bias")}
+    expected = {f"vispos {s}" for s in SCHEMES} | {f"vispos {s}" for s in FLEX}
     expected |= {"timm vit_small_patch16_224", "timm vit_small_patch16_rope_224"}
     assert set(report["results"]) == expected
     for row in report["results"].values():
@@ -23,3 +28,32 @@ def test_gpu_check_dry_run_writes_every_configuration(tmp_path: Path) -> None:
     assert report["kernels"]["vispos alibi2d (flex)"] == "none (FlexAttention)"
     table = (tmp_path / "gpu_check.md").read_text()
     assert "| vispos relbias2d (flex) |" in table and "64 px img/s" in table
+    # (a) patch dropout: every scheme and timm's own model, a speed-up against its own baseline
+    dropout = report["patch_dropout"]["results"]
+    assert set(dropout) == SCHEMES | {"timm"}
+    for row in dropout.values():
+        assert set(row) == {"no dropout", "patch dropout 50%"}
+        assert row["no dropout"]["ratio"] == 1.0 and row["patch dropout 50%"]["ratio"] > 0
+    # (b) ragged batch: every scheme, the biases once more configured for FlexAttention
+    ragged = report["ragged"]
+    assert set(ragged["results"]) == SCHEMES | FLEX and len(ragged["image_sizes"]) == ragged["batch"] == 2
+    for row in ragged["results"].values():
+        assert set(row) == RAGGED and row["padded to the largest"]["ratio"] == 1.0
+        assert all(r["ratio"] > 0 and r["ms"] > 0 and r["attention"] for r in row.values())
+        assert all("peak_mib" not in r for r in row.values())  # memory: CUDA only
+    # a CPU training step has no FlexAttention (no CPU backward): the flex rows name the SDPA kernel they run
+    assert all(r["attention"] != "none (FlexAttention)" for s in FLEX for r in ragged["results"][s].values())
+    assert ragged["results"]["relbias2d (flex)"]["packed rows"]["attention"] == "math"  # a mask with gradients
+    assert "## (a) Patch dropout 50 % vs none" in table and "| timm | " in table
+    assert "## (b) Ragged batch vs padding every image to the largest" in table
+    assert "| relbias2d (flex) | packed rows |" in table and "| attention |" in table
+
+
+def test_gpu_check_skip_flags(tmp_path: Path) -> None:
+    assert main(["--dry-run", "--skip-throughput", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert "results" not in report and set(report["ragged"]["results"]) == SCHEMES | FLEX
+    table = (tmp_path / "gpu_check.md").read_text()
+    assert "## Inference throughput" not in table and "## (b) Ragged batch" in table
+    with pytest.raises(SystemExit):
+        main(["--dry-run", "--skip-throughput", "--skip-token-subsets", "--out", str(tmp_path)])

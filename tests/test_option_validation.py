@@ -54,6 +54,7 @@ BAD: dict[str, list[object]] = {
     "normalize": CHOICE,
     "section_layout": CHOICE,
     "out_of_range": CHOICE,
+    "resample": CHOICE,
     "variant": CHOICE,
     "freqs": CHOICE,
     "preset": CHOICE[:-1],  # None: no preset

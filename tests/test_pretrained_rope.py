@@ -177,11 +177,15 @@ def test_training_mode_coordinate_augmentation_matches_timm_draw_for_draw():
     assert (model.forward_features(image) - expected).abs().max() > 1e-3
 
 
-def test_a_plain_timm_checkpoint_loads_into_an_inherited_mixed_model():
-    """Patch first, load timm's state dict after: pos_embed and rope.freqs land in vispos's modules."""
-    original, model = timm_pair("vit_small_patch16_rope_mixed_ape_224", 64)
-    model = vispos.patch(timm.create_model("vit_small_patch16_rope_mixed_ape_224", depth=2, img_size=64,
-                                           num_classes=0, dynamic_img_size=True).eval(), "rope2d_mixed")  # fmt: skip
+@pytest.mark.parametrize(
+    ("name", "scheme"), [("vit_small_patch16_rope_mixed_ape_224", "rope2d_mixed"), ("vit_small_patch16_rope_ape_224", "rope2d")]
+)
+def test_a_plain_timm_checkpoint_loads_into_an_inherited_model(name: str, scheme: str):
+    """Patch first, load timm's state dict after: pos_embed and rope.freqs land in vispos's modules, whose
+    settings records (not in timm's checkpoint) stay the model's own."""
+    original, model = timm_pair(name, 64)
+    model = vispos.patch(timm.create_model(name, depth=2, img_size=64, num_classes=0, dynamic_img_size=True).eval(),
+                         scheme)  # fmt: skip
     model.load_state_dict(original.state_dict())
     assert max_difference(original, model, (96, 96)) <= 1e-5
 

@@ -411,14 +411,12 @@ def test_a_ragged_batch_attends_through_sdpa_when_flex_attention_is_configured()
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
 
 
-def test_vispos_patch_takes_a_naflexvit_and_says_its_own_positions_are_replaced() -> None:
-    def naflex() -> torch.nn.Module:
-        return timm.create_model("naflexvit_base_patch16_gap", img_size=64, embed_dim=64, num_heads=2, depth=2,
-                                 num_classes=3)  # fmt: skip
-
-    with pytest.warns(vispos.PretrainedPositionsWarning, match="NaFlexVit's own positions .* are replaced"):
-        model = vispos.patch(naflex(), "rope2d")
-    assert type(model).__name__ == "PatchedNaFlexVit" and model.vispos.settings["pos"] == ["rope2d"]
+def test_vispos_patch_takes_a_naflexvit() -> None:
+    """``vispos.patch`` hands a NaFlexVit to its host; what it inherits is in tests/test_naflex.py."""
+    net = timm.create_model("naflexvit_base_patch16_gap", img_size=64, embed_dim=64, num_heads=2, depth=2,
+                            num_classes=3)  # fmt: skip
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        vispos.patch(naflex(), "relbias2d", inherit=False)
+        model = vispos.patch(net, "rope2d")
+    assert type(model).__name__ == "PatchedNaFlexVit" and model.vispos.settings["pos"] == ["rope2d"]
+    assert model.embeds.pos_embed is None and model.rope is None

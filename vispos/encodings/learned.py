@@ -10,6 +10,7 @@ from .._validate import check_bool, check_choice, check_float, check_grid, check
 from ..registry import register
 
 OUT_OF_RANGE: tuple[str, ...] = ("error", "clamp", "interpolate")
+RESAMPLE: tuple[str, ...] = ("resize", "grid_sample")
 
 
 def resize_bicubic(img: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
@@ -70,7 +71,7 @@ class Learned1d(nn.Module):
 @register("learned2d", ndim=2, kind="additive", trainable=True, relative=False,
     context=("dim", "train_grid", "num_prefix_tokens"),
     summary="learnable (H, W, d) table; optional row + column form (NaViT)",
-    extrapolation="table resampled (bicubic, antialias)",
+    extrapolation="table resampled (bicubic: resized with antialias, or sampled at the cells)",
     reference="Dosovitskiy et al. 2021 (ViT); Dehghani et al. 2023 (NaViT)")
 class Learned2d(nn.Module):
     """A trainable [H, W, dim] table for the training grid (ViT), resampled bicubically at other grids.
@@ -78,6 +79,11 @@ class Learned2d(nn.Module):
     ``factorized=True`` learns a row table [H, dim] and a column table [W, dim] and adds them (NaViT).
     ``num_prefix_tokens`` > 0 adds a [P, dim] table for prefix tokens (timm models whose ``pos_embed``
     covers the class token); the grid part never includes them.
+
+    ``resample`` says how the table reaches another grid: ``"resize"`` (default) resizes it as a whole,
+    bicubic with antialiasing (timm's ``resample_abs_pos_embed``, and NaFlexVit's default path);
+    ``"grid_sample"`` samples it bicubically at each cell's centre, clamped to the table's border (timm
+    NaFlexVit's ``pos_embed_use_grid_sample=True``), which defines it between cells too (``sample``).
     """
 
     def __init__(
@@ -88,11 +94,15 @@ class Learned2d(nn.Module):
         factorized: bool = False,
         num_prefix_tokens: int = 0,
         init_std: float = 0.02,
+        resample: str = "resize",
     ) -> None:
         super().__init__()
         self.dim = check_int("dim", dim, minimum=1)
         self.train_grid = check_grid(train_grid, "train_grid")
         self.factorized = check_bool("factorized", factorized)
+        self.resample = check_choice("resample", resample, RESAMPLE)
+        if self.factorized and self.resample == "grid_sample":
+            raise ValueError("resample='grid_sample' samples a full [H, W, dim] table; use it with factorized=False")
         check_int("num_prefix_tokens", num_prefix_tokens, minimum=0)
         init_std = check_float("init_std", init_std, minimum=0.0)
         h, w = self.train_grid
@@ -138,9 +148,23 @@ class Learned2d(nn.Module):
                 resampled = resample_table_2d(table, new)
                 state[key] = resampled if name == "table" else resampled.reshape(max(new), -1)
 
+    def sample(self, cells: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
+        """The table at ``cells`` [M, 2] (y, x), in patch units, possibly fractional, of images whose grids
+        are ``sizes`` [M, 2] (H, W) -> [M, dim] fp32: bicubic at the cell's centre, its place in the image
+        mapped onto the table (``(y + 0.5) / H`` of the table's height), clamped to the table's border."""
+        centre = (2.0 * cells.float() + 1.0) / sizes.float() - 1.0  # [-1, 1], grid_sample's align_corners=False
+        table = self.table.float().permute(2, 0, 1)[None]  # [1, dim, H0, W0]
+        where = centre.flip(-1)[None, :, None]  # [1, M, 1, 2] in grid_sample's (x, y) order
+        out = F.grid_sample(table, where, mode="bicubic", padding_mode="border", align_corners=False)
+        return out[0, :, :, 0].T
+
     def forward(self, grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
-        """-> [H*W, dim] for the patch tokens of ``grid``, in the parameters' dtype."""
+        """-> [H*W, dim] for the patch tokens of ``grid``, in the parameters' dtype (fp32 when sampled)."""
         h, w = check_grid(grid)
+        if self.resample == "grid_sample":
+            at = self.table.device
+            cells = torch.cartesian_prod(torch.arange(h, device=at), torch.arange(w, device=at))
+            return self.sample(cells, torch.tensor([h, w], device=at).expand(h * w, 2))
         if self.factorized:
             row = resample_table_2d(self.row[:, None], (h, 1))[:, 0]  # [H', d]
             col = resample_table_2d(self.col[None], (1, w))[0]  # [W', d]

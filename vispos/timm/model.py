@@ -100,8 +100,8 @@ torch.fx.wrap("embed_tokens")
 torch.fx.wrap("conditional_tokens")
 
 
-class PatchedViT:
-    """Mixin placed before the timm class: positions from ``self.vispos`` instead of timm's own."""
+class PositionsHost:
+    """What every patched timm model has (mixed in before the timm class): ``vispos`` holds its positions."""
 
     vispos: Positions
 
@@ -109,6 +109,20 @@ class PatchedViT:
     def vispos_cfg(self) -> dict[str, Any]:
         """The positional settings: schemes, options, training grid, and what ``vispos.configure`` set."""
         return self.vispos.settings
+
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False) -> Any:
+        """``nn.Module.load_state_dict``; with ``strict=False`` a checkpoint of other positions (or a plain
+        timm checkpoint whose ``pos_embed`` the scheme cannot hold) gives every weight outside the positions
+        and reports the positional entries it skipped, instead of being refused."""
+        self.vispos.strict_loading = strict
+        try:
+            return super().load_state_dict(state_dict, strict=strict, assign=assign)
+        finally:
+            self.vispos.strict_loading = True
+
+
+class PatchedViT(PositionsHost):
+    """Mixin placed before the timm class: positions from ``self.vispos`` instead of timm's own."""
 
     def no_weight_decay(self) -> set[str]:
         """timm's own (tokens) plus every positional parameter: tables, prefix entries, the cpb2d MLP and
@@ -130,16 +144,6 @@ class PatchedViT:
         elif conditional is not None:  # a single regex cannot name a fixed block: the stem
             matcher["stem"] += r"|^vispos\.conditional\."
         return matcher
-
-    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False) -> Any:
-        """``nn.Module.load_state_dict``; with ``strict=False`` a checkpoint of other positions (or a plain
-        timm checkpoint whose ``pos_embed`` the scheme cannot hold) gives every weight outside the positions
-        and reports the positional entries it skipped, instead of being refused."""
-        self.vispos.strict_loading = strict
-        try:
-            return super().load_state_dict(state_dict, strict=strict, assign=assign)
-        finally:
-            self.vispos.strict_loading = True
 
     def vispos_grid(self, image: torch.Tensor) -> tuple[int, int]:
         """The token grid the patch embedding makes of an image batch [B, C, H, W]."""
@@ -192,11 +196,16 @@ def adopt_timm_checkpoint(model: PatchedViT, state_dict: dict[str, Any], prefix:
     another scheme). The model's own vispos settings stay."""
     if any(k.startswith(f"{prefix}vispos.") for k in state_dict):
         return  # a vispos checkpoint: its settings are checked by Positions._load_from_state_dict
-    state_dict[f"{prefix}vispos._extra_state"] = model.vispos.get_extra_state()
+    for name, module in model.vispos.named_modules(prefix="vispos"):  # settings records: the model's own
+        if type(module).get_extra_state is not nn.Module.get_extra_state:
+            state_dict[f"{prefix}{name}._extra_state"] = module.get_extra_state()
     _adopt_rope_freqs(model, state_dict, prefix)
-    table = state_dict.get(f"{prefix}pos_embed")
-    if table is None:
+    key = next((k for k in (f"{prefix}pos_embed", f"{prefix}embeds.pos_embed") if k in state_dict), None)
+    if key is None:
         return
+    table = state_dict[key]
+    if table.dim() == 4:  # NaFlexVit's [1, H, W, C]
+        table = table.flatten(1, 2)
     additive = model.vispos.additive
     adopt = getattr(additive, "adopt_pos_embed", None)
     if adopt is None or not adopt(table):
@@ -208,9 +217,9 @@ def adopt_timm_checkpoint(model: PatchedViT, state_dict: dict[str, Any], prefix:
             "(model.load_state_dict(...), then vispos.patch(model, ...)), patch with learned2d to keep it, "
             "or load with strict=False to take every other weight and start the positions fresh"
         )
-    del state_dict[f"{prefix}pos_embed"]
-    for key, value in additive.state_dict().items():  # the adopted table, under the patched model's keys
-        state_dict[f"{prefix}vispos.additive.{key}"] = value
+    del state_dict[key]
+    for name, value in additive.state_dict().items():  # the adopted table, under the patched model's keys
+        state_dict[f"{prefix}vispos.additive.{name}"] = value
 
 
 def _adopt_rope_freqs(model: PatchedViT, state_dict: dict[str, Any], prefix: str) -> None:

@@ -11,9 +11,17 @@ rule), padding is never attended to, and each image in a batch gives what it giv
 What changes on the model: ``model.vispos`` holds the positions; the embedding's own table
 (``embeds.pos_embed``, learned or factorized) and the model's RoPE are removed (the additive scheme is
 added per token instead); each ``blocks[i].attn`` becomes a ``PatchedAttention``; the class becomes
-``PatchedNaFlexVit``. timm's patch dropout keeps working (positions follow the kept tokens). Not
-supported yet: inheriting the model's own RoPE or learned table (patch with fresh positions, load the
-rest of a checkpoint with ``strict=False``), ``forward_intermediates``.
+``PatchedNaFlexVit``. timm's patch dropout keeps working (positions follow the kept tokens).
+
+What is inherited, as ``vispos.patch`` inherits from other timm models: the model's RoPE (axial, mixed
+or DINOv3) becomes ``rope2d`` / ``rope2d_mixed`` with its conventions (``inherit=True``, the default),
+and its learned table becomes ``learned2d``'s (kept beside an inherited RoPE; adopted whenever
+``learned2d`` is asked for), resampled as the model resamples it: ``resample="grid_sample"`` for
+``pos_embed_use_grid_sample=True``, else ``"resize"``. On full grids and on timm's collated batches the
+outputs then equal timm's own model; on a batch whose tokens are not each image's row-major grid from
+position 0 (patch dropout, permuted tokens), timm's RoPE and resized table place tokens by their order,
+vispos by their coordinates. A factorized table (row + column tables, resized linearly by timm) is not
+inherited. ``forward_intermediates`` is not supported.
 """
 
 from __future__ import annotations
@@ -25,20 +33,15 @@ from timm.models.naflexvit import NaFlexVit
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ..positions import Positions
-from ..registry import split_options
+from .._validate import check_bool
 from .attention import SUPPORTED_ATTENTION
-from .patching import _resolve_schemes, build_positions, patch_attention
+from .inherit import warn
+from .model import PositionsHost, adopt_timm_checkpoint
+from .patching import build_positions, patch_attention, plan_schemes
 
 
-class PatchedNaFlexVit(NaFlexVit):
+class PatchedNaFlexVit(PositionsHost, NaFlexVit):
     """NaFlexVit with vispos positions: ``forward_features`` builds a ragged context from the coordinates."""
-
-    vispos: Positions
-
-    @property
-    def vispos_cfg(self) -> dict[str, Any]:
-        return self.vispos.settings
 
     def no_weight_decay(self) -> set[str]:
         own = {n for n in super().no_weight_decay() if not n.startswith("embeds.pos_embed")}
@@ -93,26 +96,31 @@ def _bounding_grids(coords: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     return torch.where(valid[..., None], coords, 0).amax(dim=1) + 1
 
 
-def patch_naflex(model: nn.Module, pos: str | list[str] | tuple[str, ...], **options: Any) -> nn.Module:
+def patch_naflex(
+    model: nn.Module, pos: str | list[str] | tuple[str, ...], *, inherit: bool = True, **options: Any
+) -> nn.Module:
     """Give a timm NaFlexVit the positional scheme ``pos`` (as ``vispos.patch``: at most one additive, one
-    attention and one conditional scheme; options go to the scheme that accepts them). In place; returns
-    the model. Its own table and RoPE are replaced, not inherited (``inherit=False`` in ``vispos.patch``'s
-    terms)."""
+    attention and one conditional scheme; options go to the scheme that accepts them; ``inherit`` keeps
+    the model's RoPE and learned table, see the module's docstring). In place; returns the model."""
     if not isinstance(model, NaFlexVit):
         raise TypeError(f"patch_naflex takes a timm NaFlexVit (naflexvit_*), got {type(model).__name__}")
     if isinstance(model, PatchedNaFlexVit):
         raise ValueError("this NaFlexVit is already patched by vispos; patch a fresh model instead")
+    check_bool("inherit", inherit)
     for i, blk in enumerate(model.blocks):
         if not isinstance(getattr(blk, "attn", None), SUPPORTED_ATTENTION):
             names = ", ".join(c.__name__ for c in SUPPORTED_ATTENTION)
             raise TypeError(f"block {i} has no attention of a supported type ({names})")
-    additive, attention, conditional = _resolve_schemes(pos)
-    used = [i for i in (additive, attention, conditional) if i is not None]
-    per_scheme = dict(zip([i.name for i in used], split_options(used, options), strict=True))
     embeds = model.embeds
-    model.vispos = build_positions(
-        model, (additive, attention, conditional), per_scheme, tuple(embeds.pos_embed_grid_size), table_prefix=0
-    )
+    table = _own_table(embeds)
+    schemes, per_scheme, kept = plan_schemes(model, pos, options, inherit=inherit, table=table)
+    if inherit and table is not None and "learned2d" in per_scheme:
+        per_scheme["learned2d"] = _own_resampling(embeds, per_scheme["learned2d"])
+    if inherit and embeds.pos_embed_type == "factorized" and "learned2d" in per_scheme:
+        warn("this NaFlexVit's factorized table (row + column, resized linearly) is not inherited: learned2d "
+             "starts fresh. inherit=False starts fresh without this warning")  # fmt: skip
+    grid = tuple(embeds.pos_embed_grid_size)
+    model.vispos = build_positions(model, schemes, per_scheme, grid, table_prefix=0, kept=kept, table=table)
     for name in ("pos_embed", "pos_embed_y", "pos_embed_x"):
         if getattr(embeds, name, None) is not None:
             setattr(embeds, name, None)
@@ -120,4 +128,34 @@ def patch_naflex(model: nn.Module, pos: str | list[str] | tuple[str, ...], **opt
     model.rope, model.rope_is_mixed = None, False
     patch_attention(model)
     model.__class__ = PatchedNaFlexVit
+    model.register_load_state_dict_pre_hook(adopt_timm_checkpoint)
     return model
+
+
+def _own_table(embeds: nn.Module) -> torch.Tensor | None:
+    """The embedding's learned table [1, H, W, C] as timm ViT's [1, H*W, C], or None (none, factorized)."""
+    if embeds.pos_embed_type != "learned" or embeds.pos_embed is None:
+        return None
+    return embeds.pos_embed.flatten(1, 2)
+
+
+def _own_resampling(embeds: nn.Module, chosen: dict[str, Any]) -> dict[str, Any]:
+    """learned2d's options with the model's resampling (the user's ``resample`` wins, said if it differs).
+    A resampling learned2d cannot reproduce is said too: the outputs stay timm's on the training grid only."""
+    own = "grid_sample" if embeds.pos_embed_use_grid_sample else "resize"
+    if chosen.get("resample", own) != own:
+        warn(f"you set resample={chosen['resample']!r}, but this NaFlexVit resamples its table with {own!r}; "
+             "its outputs will change off the training grid")  # fmt: skip
+    differs = {
+        "pos_embed_interp_mode": (embeds.pos_embed_interp_mode, "bicubic"),
+        "pos_embed_ar_preserving": (embeds.pos_embed_ar_preserving, False),
+        "pos_embed_align_corners": (embeds.pos_embed_align_corners, False),
+    }
+    if own == "resize":
+        differs["pos_embed_antialias"] = (embeds.pos_embed_antialias, True)
+    unlike = [f"{k}={v!r}" for k, (v, expected) in differs.items() if v != expected]
+    if unlike:
+        warn(f"this NaFlexVit resamples its learned table with {', '.join(unlike)}, which learned2d does not "
+             "reproduce: the table is inherited, but off the training grid it is resampled as learned2d's "
+             f"resample={own!r} does")  # fmt: skip
+    return {"resample": own} | chosen

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import timm
+import torch
 from safetensors import safe_open
 from timm.layers import Format
 from timm.models import load_checkpoint, load_pretrained, load_state_dict
@@ -126,25 +127,12 @@ def patch(
     if isinstance(model, NaFlexVit):  # its own host: positions from patch_coord / patch_valid
         from .naflex import patch_naflex  # imported here: naflex builds on this module
 
-        if inherit:
-            warn(
-                "timm NaFlexVit's own positions (its learned table, its RoPE) are replaced, not inherited: "
-                "the pretrained weights were trained with them. inherit=False starts fresh without this warning"
-            )
-        return patch_naflex(model, pos, **options)
+        return patch_naflex(model, pos, inherit=inherit, **options)
     _check_model(model)
-    additive, attention, conditional = _resolve_schemes(pos)
-    own = own_rope(model) if inherit else None
-    if own is not None:
-        additive, attention = _inheriting(model, own, additive, attention)
-    kept = own if own is not None and attention is not None and attention.name == own.scheme else None
-    used = [i for i in (additive, attention, conditional) if i is not None]
-    per_scheme = dict(zip([i.name for i in used], split_options(used, options), strict=True))
-    if kept is not None:
-        per_scheme[kept.scheme] = merge_options(kept, per_scheme[kept.scheme])
+    schemes, per_scheme, kept = plan_schemes(model, pos, options, inherit=inherit, table=model.pos_embed)
     table_prefix = 0 if model.no_embed_class else model.num_prefix_tokens  # prefix rows of timm's table
     model.vispos = build_positions(
-        model, (additive, attention, conditional), per_scheme, tuple(model.patch_embed.grid_size), table_prefix, kept
+        model, schemes, per_scheme, tuple(model.patch_embed.grid_size), table_prefix, kept, table=model.pos_embed
     )
     model.pos_embed = None
     if isinstance(model, Eva):
@@ -158,6 +146,30 @@ def patch(
     return model
 
 
+def plan_schemes(
+    model: nn.Module,
+    pos: str | list[str] | tuple[str, ...],
+    options: dict[str, Any],
+    *,
+    inherit: bool,
+    table: torch.Tensor | None,
+) -> tuple[tuple[SchemeInfo | None, SchemeInfo | None, SchemeInfo | None], dict[str, dict[str, Any]], OwnRope | None]:
+    """What to build for ``pos``: the (additive, attention, conditional) schemes, each one's options, and the
+    model's own RoPE when it is kept. With ``inherit``, a model's RoPE is kept (its conventions as options,
+    the user's on top) when ``pos`` names its scheme or no attention scheme, and its learned ``table`` stays
+    beside it (as learned2d); whatever is discarded is said (``_inheriting``)."""
+    additive, attention, conditional = _resolve_schemes(pos)
+    own = own_rope(model) if inherit else None
+    if own is not None:
+        additive, attention = _inheriting(own, additive, attention, has_table=table is not None)
+    kept = own if own is not None and attention is not None and attention.name == own.scheme else None
+    used = [i for i in (additive, attention, conditional) if i is not None]
+    per_scheme = dict(zip([i.name for i in used], split_options(used, options), strict=True))
+    if kept is not None:
+        per_scheme[kept.scheme] = merge_options(kept, per_scheme[kept.scheme])
+    return (additive, attention, conditional), per_scheme, kept
+
+
 def build_positions(
     model: nn.Module,
     schemes: tuple[SchemeInfo | None, SchemeInfo | None, SchemeInfo | None],
@@ -165,10 +177,12 @@ def build_positions(
     grid: tuple[int, int],
     table_prefix: int,
     kept: OwnRope | None = None,
+    *,
+    table: torch.Tensor | None = None,
 ) -> Positions:
     """The ``Positions`` of a host model: its (additive, attention, conditional) schemes built for the
     model's widths, heads, depth and training ``grid``; ``table_prefix``: the prefix rows of an additive
-    table. A learned table starts from the model's own ``pos_embed`` where it fits; ``kept``: the model's
+    table. A learned table starts from the model's own ``table`` where it fits; ``kept``: the model's
     own RoPE whose learned frequencies are adopted."""
     additive, attention, conditional = schemes
     grid = check_grid(grid)
@@ -179,8 +193,8 @@ def build_positions(
         add_context = context | {"dim": model.embed_dim, "num_prefix_tokens": table_prefix}
         add_module = _build(additive, add_context, per_scheme[additive.name], depth)
         adopt = getattr(add_module, "adopt_pos_embed", None)  # start from the model's own table
-        if adopt is not None and getattr(model, "pos_embed", None) is not None:
-            adopt(model.pos_embed)
+        if adopt is not None and table is not None:
+            adopt(table)
     if attention is not None:
         att_context = context | {"dim": attn0.head_dim, "num_prefix_tokens": model.num_prefix_tokens}
         att_module = _build(attention, att_context, per_scheme[attention.name], depth)
@@ -218,10 +232,10 @@ def patch_attention(model: nn.Module) -> None:
 
 
 def _inheriting(
-    model: nn.Module, own: OwnRope, additive: SchemeInfo | None, attention: SchemeInfo | None
+    own: OwnRope, additive: SchemeInfo | None, attention: SchemeInfo | None, *, has_table: bool
 ) -> tuple[SchemeInfo | None, SchemeInfo | None]:
-    """The schemes to build when the model has a RoPE of its own: its learned table stays beside it
-    (as learned2d) unless another additive scheme was asked for; anything discarded is said."""
+    """The schemes to build when the model has a RoPE of its own: its learned table (``has_table``) stays
+    beside it (as learned2d) unless another additive scheme was asked for; anything discarded is said."""
     if attention is None or attention.name != own.scheme:
         asked = attention.name if attention is not None else "no attention scheme"
         warn(
@@ -230,7 +244,7 @@ def _inheriting(
             "fresh without this warning"
         )
         return additive, attention
-    if getattr(model, "pos_embed", None) is None:
+    if not has_table:
         return additive, attention
     if additive is None:
         return get_info("learned2d", ndim=2), attention
