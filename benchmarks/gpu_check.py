@@ -22,8 +22,9 @@ every image zero-padded to the largest: step time and peak memory (``max_memory_
 ``reset_peak_memory_stats``, extra over the resting model; not measured in the dry run) as ratios to the
 padded batch. The relative biases run (b) twice, the second time configured for FlexAttention
 (``<scheme> (flex)``); the ``attention`` column names what each step reaches, read from the profiler:
-an SDPA kernel, or "none (FlexAttention)". Where vispos does not take FlexAttention (a ragged context
-without a FlexAttention path, or any training step on CPU), a flex row names the SDPA kernel it runs.
+an SDPA kernel, or "none (FlexAttention)" (a score_mod on the tokens' cells and a block mask). Where
+FlexAttention does not run (any training step on CPU, as in the dry run), a flex row names the SDPA
+kernel it falls back to.
 
 Writes ``gpu_check.json`` and ``gpu_check.md`` (one section per measurement) to ``--out``.
 """

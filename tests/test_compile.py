@@ -43,3 +43,16 @@ def test_inductor_training_step_matches_eager() -> None:
     assert all(p.grad is not None for p in model.blocks[0].attn.qkv.parameters())
     with torch._dynamo.config.patch(error_on_recompile=True):
         compiled(torch.randn(2, 3, 64, 64)).sum().backward()
+
+
+@pytest.mark.parametrize("scheme", vispos.list_encodings(ndim=2))
+def test_patch_dropout_compiles_as_one_graph_without_recompiling_per_batch(scheme: str) -> None:
+    """Training with patch dropout: each batch keeps another random half of the tokens (a fixed count), and
+    the positions gathered at the kept tokens neither break the graph nor recompile."""
+    model = vispos.patch(timm.create_model("vit_tiny_patch16_224", img_size=64, depth=2, num_classes=5,
+                                           patch_drop_rate=0.5), scheme).train()  # fmt: skip
+    compiled = torch.compile(model, backend="eager", fullgraph=True)
+    compiled(torch.randn(2, 3, 64, 64)).sum().backward()
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for _ in range(2):
+            compiled(torch.randn(2, 3, 64, 64)).sum().backward()

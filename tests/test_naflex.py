@@ -130,7 +130,9 @@ def permuted(batch: dict[str, torch.Tensor], row: int) -> tuple[dict[str, torch.
     return out, perm
 
 
-@pytest.mark.parametrize(("name", "timm_follows"), [("learned grid_sample", True), ("learned", False), ("axial", False)])
+@pytest.mark.parametrize(
+    ("name", "timm_follows"), [("learned grid_sample", True), ("learned", False), ("axial", False)]
+)
 def test_where_timms_naflexvit_reads_positions_from_token_order(name: str, timm_follows: bool) -> None:
     """Tokens permuted with their coordinates: the patched model's features permute with them; timm's do for
     its grid-sample table, not for its resized table or its RoPE (placed by token order)."""

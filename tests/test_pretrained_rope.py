@@ -178,7 +178,8 @@ def test_training_mode_coordinate_augmentation_matches_timm_draw_for_draw():
 
 
 @pytest.mark.parametrize(
-    ("name", "scheme"), [("vit_small_patch16_rope_mixed_ape_224", "rope2d_mixed"), ("vit_small_patch16_rope_ape_224", "rope2d")]
+    ("name", "scheme"),
+    [("vit_small_patch16_rope_mixed_ape_224", "rope2d_mixed"), ("vit_small_patch16_rope_ape_224", "rope2d")],
 )
 def test_a_plain_timm_checkpoint_loads_into_an_inherited_model(name: str, scheme: str):
     """Patch first, load timm's state dict after: pos_embed and rope.freqs land in vispos's modules, whose

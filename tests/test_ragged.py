@@ -249,14 +249,14 @@ def test_sizes_default_to_the_bounding_box_of_each_images_cells() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"coords": torch.zeros(1, 2, 2)}, r"integer tensor \[B, N, 2\].*fractional"),
-        ({"coords": torch.zeros(1, 2, dtype=torch.long)}, r"integer tensor \[B, N, 2\]"),
+        ({"coords": torch.zeros(1, 2, 2, dtype=torch.bool)}, r"real tensor \[B, N, 2\]"),  # floats: points
+        ({"coords": torch.zeros(1, 2, dtype=torch.long)}, r"real tensor \[B, N, 2\]"),
         ({"coords": torch.tensor([[[0, 5], [0, 0]]]), "sizes": torch.tensor([[2, 5]])}, "outside their image's grid"),
         ({"coords": torch.zeros(1, 2, 2, dtype=torch.long), "sizes": torch.tensor([2, 2])}, r"sizes .*\[1, 2\]"),
         ({"coords": torch.zeros(1, 2, 2, dtype=torch.long), "valid": torch.ones(1, 2)}, "valid must be a bool tensor"),
         ({"coords": torch.zeros(1, 2, 2, dtype=torch.long), "sizes": torch.tensor([[0, 3]])}, "must be positive"),
     ],
-    ids=["float", "shape", "outside", "sizes-shape", "valid-dtype", "empty-grid"],
+    ids=["bool", "shape", "outside", "sizes-shape", "valid-dtype", "empty-grid"],
 )
 def test_a_bad_ragged_batch_is_refused(kwargs: dict[str, object], message: str) -> None:
     net = make("rope2d", prefix=True)
@@ -399,16 +399,58 @@ def test_a_patched_naflexvit_pickles_and_its_weights_load_into_a_fresh_one() -> 
         torch.testing.assert_close(pickle.loads(pickle.dumps(net))(x), expected, rtol=0, atol=0)
 
 
-def test_a_ragged_batch_attends_through_sdpa_when_flex_attention_is_configured() -> None:
-    """FlexAttention's score_mod reads one dense grid; a ragged context falls back to SDPA with its mask."""
-    net = make("relbias2d", prefix=True)
+@pytest.mark.parametrize("scheme", vispos.list_encodings(2, kind="bias"))
+@pytest.mark.parametrize("rows", [[[i] for i in range(len(SIZES))], PACKED], ids=["padded", "packed"])
+def test_a_ragged_batch_attends_through_flex_attention_without_a_dense_mask(
+    scheme: str, rows: list[list[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With FlexAttention configured, every layer of a ragged batch (padded with prefix tokens, or packed)
+    attends through it: a score_mod computes each pair's offset index from the cells, a block mask hides
+    padding and other images; the outputs equal the SDPA path's (log-n scaling on, per token), and neither
+    the [B, T, T] offset index nor the dense structure mask is built."""
+    from vispos.ragged import RaggedLayout
+
+    packed = len(rows[0]) > 1
+    sdpa_net, flex_net = make(scheme, prefix=not packed), make(scheme, prefix=not packed)
+    vispos.configure(sdpa_net, log_n_attention=True)
+    vispos.configure(flex_net, attention="flex", log_n_attention=True)
     with torch.no_grad():
-        expected = ragged_features(net, [[i] for i in range(len(SIZES))], orders(net))[0]
-        vispos.configure(net, attention="flex")
-        coords, valid = torch.zeros(1, 2, 2, dtype=torch.long), torch.ones(1, 2, dtype=torch.bool)
-        assert net.vispos.ragged_context(coords, torch.tensor([[1, 1]]), valid=valid).flex(0) is None
-        got = ragged_features(net, [[i] for i in range(len(SIZES))], orders(net))[0]
+        expected, image, _ = ragged_features(sdpa_net, rows, orders(sdpa_net))
+    calls = {"flex": 0, "index": 0, "structure": 0}
+
+    def spy(name: str, fn):  # noqa: ANN001, ANN202
+        return lambda *a, **k: calls.__setitem__(name, calls[name] + 1) or fn(*a, **k)
+
+    monkeypatch.setattr("vispos.timm.attention.flex_bias_attention", spy("flex", vispos.attention.flex_bias_attention))
+    monkeypatch.setattr(RaggedLayout, "offset_index", spy("index", RaggedLayout.offset_index))
+    monkeypatch.setattr(RaggedLayout, "structure_mask", spy("structure", RaggedLayout.structure_mask))
+    with torch.no_grad():
+        got = ragged_features(flex_net, rows, orders(flex_net))[0]
+    p = flex_net.num_prefix_tokens
+    valid = torch.cat((torch.ones(image.shape[0], p, dtype=torch.bool), image >= 0), dim=1)
+    torch.testing.assert_close(got[valid], expected[valid], rtol=1e-5, atol=1e-5)
+    assert calls == {"flex": len(flex_net.blocks), "index": 0, "structure": 0}
+
+
+def test_ragged_flex_falls_back_to_sdpa_with_a_callers_mask_fractional_points_or_gradients() -> None:
+    net = make("relbias2d", prefix=True)
+    vispos.configure(net, attention="flex")
+    coords, valid = torch.zeros(1, 2, 2, dtype=torch.long), torch.ones(1, 2, dtype=torch.bool)
+    sizes = torch.tensor([[1, 1]])
+    assert net.vispos.ragged_context(coords, sizes, valid=valid).flex(0) is not None
+    mask = torch.ones(1, 1, 5, 5, dtype=torch.bool)
+    assert net.vispos.ragged_context(coords, sizes, valid=valid, user_mask=mask).flex(0) is None
+    cpb = make("cpb2d", prefix=False)
+    vispos.configure(cpb, attention="flex")
+    points = torch.tensor([[[0.5, 0.0], [1.0, 0.25]]])
+    assert cpb.vispos.ragged_context(points, torch.tensor([[2, 2]])).flex(0) is None
+    # a CPU training step (FlexAttention has no CPU backward) runs SDPA, the same as without flex
+    reference = make("relbias2d", prefix=True)
+    rows = [[i] for i in range(len(SIZES))]
+    got = ragged_features(net.train(), rows, orders(net))[0]
+    expected = ragged_features(reference.train(), rows, orders(reference))[0]
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
 
 
 def test_vispos_patch_takes_a_naflexvit() -> None:

@@ -8,10 +8,12 @@ Masks follow SDPA: a bool mask is True where attention is allowed; a float mask 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.flex_attention import flex_attention
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from .encodings.shaw import ShawTables
 
@@ -132,19 +134,19 @@ def offset_score_mod(
     return score_mod
 
 
+@dataclass
+class FlexBias:
+    """A relative bias as FlexAttention takes it: a ``score_mod`` adding each pair's bias, and a block mask
+    (padding and other images' tokens hidden, ragged batches) or None (every pair attends)."""
+
+    score_mod: Callable
+    block_mask: BlockMask | None = None
+
+
 def flex_bias_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    per_offset: torch.Tensor,
-    grid: tuple[int, int],
-    *,
-    num_prefix_tokens: int,
-    prefix_bias: torch.Tensor | None,
-    scale: float,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: FlexBias, *, scale: float
 ) -> torch.Tensor:
     """softmax(q k^T * scale + relative bias) v through FlexAttention (compiled, fused) for q, k, v
     [B, heads, N, head_dim]; equal to ``sdpa`` with the dense mask, without building it."""
-    score_mod = offset_score_mod(per_offset, grid, num_prefix_tokens, prefix_bias)
     attend = flex_attention if torch.compiler.is_compiling() else _compiled_flex
-    return attend(q, k, v, score_mod=score_mod, scale=scale)
+    return attend(q, k, v, score_mod=bias.score_mod, block_mask=bias.block_mask, scale=scale)

@@ -16,10 +16,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention.flex_attention import create_block_mask
 
 from ._state import decode, encode
 from ._validate import check_grid
-from .attention import as_float_mask, combine_masks
+from .attention import FlexBias, as_float_mask, combine_masks, offset_score_mod
 from .encodings.relbias import bias_mask, prefixed_offset_index
 from .encodings.rope import Rotary
 from .encodings.rope_scaling import RopeScaling
@@ -41,6 +42,8 @@ class PositionContext:
     tokens: torch.Tensor | None = None  # [B, M]: which of the P + HW tokens each row holds (a subset), or all
     ragged: RaggedLayout | None = None  # per-token images, cells and grid sizes (``Positions.ragged_context``)
     query_scale: torch.Tensor | None = None  # [B, 1, T, 1]: per-token logit scale (log-n, ragged batches)
+    caller_mask: bool = False  # the caller gave a mask of its own (a ragged context keeps FlexAttention off)
+    block_mask: Any = None  # FlexAttention's block mask of a ragged batch, built once when first needed
 
     def layer(self, index: int) -> tuple[Rotary | QueryScaled | None, torch.Tensor | None]:
         """(rotation: cos/sin [(heads,) N, d] or None, additive mask [1, heads, N, N] or the caller's mask).
@@ -48,9 +51,10 @@ class PositionContext:
         masks [B, heads or 1, M, M]; a per-token logit scale comes as a ``QueryScaled`` rotation."""
         return self.positions.layer(self, index)
 
-    def flex(self, index: int) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-        """Layer ``index``'s bias per offset [heads, 2H-1, 2W-1] and prefix entries [3, heads] when it attends
-        through FlexAttention (``vispos.configure(model, attention="flex")``); None when it uses SDPA."""
+    def flex(self, index: int) -> FlexBias | None:
+        """Layer ``index``'s relative bias as FlexAttention takes it (a score_mod reading the bias per offset,
+        a block mask for ragged batches) when it attends through FlexAttention (``vispos.configure(model,
+        attention="flex")``); None when it uses SDPA."""
         return self.positions.flex(self, index)
 
 
@@ -219,10 +223,20 @@ class Positions(nn.Module):
         """A ragged batch: the module at each distinct grid size, gathered per token: rotations [B, heads or 1,
         T, d] from one table of every size's rows, bias masks [B, heads, T, T] from one table of every size's
         per-offset values (``ctx.bias_index``)."""
-        layout = ctx.ragged
+        layout, p = ctx.ragged, self.num_prefix_tokens
+        if layout.fractional:  # at each token's point (``RaggedLayout.points``), not at every cell
+            if self.attention_kind == "rotary":
+                rows = [
+                    module(size, ctx.device, cells=layout.yx[here]).with_prefix(p)
+                    for size, here in zip(layout.sizes, layout.points(), strict=True)
+                ]
+                return concat_rotations(rows).take(layout.point_index(p))
+            return layout.pair_mask(module.pair_bias(layout.offsets()), getattr(module, "prefix_bias", None))
         if self.attention_kind == "rotary":
-            rows = [module(size, ctx.device).with_prefix(self.num_prefix_tokens) for size in layout.sizes]
-            return concat_rotations(rows).take(layout.table_index(self.num_prefix_tokens))
+            rows = [module(size, ctx.device).with_prefix(p) for size in layout.sizes]
+            return concat_rotations(rows).take(layout.table_index(p))
+        if ctx.bias_index is None:  # FlexAttention was set, but this layer runs SDPA (CPU training)
+            ctx.bias_index = layout.offset_index()
         values = torch.cat([module.offset_bias(size, ctx.device).flatten(1) for size in layout.sizes], dim=1)
         return bias_mask(values, getattr(module, "prefix_bias", None), ctx.bias_index).transpose(0, 1)
 
@@ -290,23 +304,63 @@ class Positions(nn.Module):
         distinct size and gathered per token, anything that depends on the size (normalised coordinates,
         RoPE scaling, resized tables, log-n scaling, folded into q per token) uses the image's own, and the
         additive mask handed to each layer ([B, heads or 1, T, T], with ``user_mask`` added) hides padding
-        keys and other images' tokens. Additive tables: ``add_to_ragged``. Attention runs through SDPA
-        (FlexAttention is not used for these contexts); ``ctx.grid`` is the largest (H, W) in the batch."""
+        keys and other images' tokens. Additive tables: ``add_to_ragged``. With FlexAttention configured, a
+        relative bias on integer cells attends through it instead, without a mask: a score_mod computes each
+        pair's offset index from the two tokens' cells and a block mask hides padding and other images
+        (``PositionContext.flex``); a mask of the caller's or fractional points keep SDPA. ``ctx.grid`` is
+        the largest (H, W) in the batch.
+
+        ``coords`` of a floating dtype are points in patch units, possibly fractional (a merged token at the
+        mean of its cells): every scheme defined between grid cells is evaluated at each token's point
+        (``ragged_layout``); relbias2d's integer table and peg2d's convolution refuse fractional points."""
         layout = ragged_layout(coords, sizes, valid=valid, segments=segments, num_prefix_tokens=self.num_prefix_tokens)
-        structure = None if layout.one_image_per_row() else layout.structure_mask()  # [B, 1, T, T]
-        user = combine_masks(structure, as_float_mask(user_mask, torch.float32))
-        ctx = PositionContext(self, layout.grid, coords.device, user, None, 1.0, None, None, layout)
+        if layout.fractional and (needs := self._needs_cells()) is not None:
+            layout = layout.as_cells()
+            if layout is None:
+                raise ValueError(needs)
+        ctx = PositionContext(self, layout.grid, coords.device, None, None, 1.0, None, None, layout)
+        ctx.caller_mask = user_mask is not None
+        if not self._flex_ready(ctx):  # FlexAttention: a block mask instead, the dense one only on fallback
+            structure = None if layout.one_image_per_row() else layout.structure_mask()  # [B, 1, T, T]
+            ctx.user_mask = combine_masks(structure, as_float_mask(user_mask, torch.float32))
+        user = ctx.user_mask
         if self.log_n_tokens is not None:  # per token: SDPA takes one scale for the whole batch
             ratio = layout.patch_counts().log() / math.log(self.log_n_tokens)
             ctx.query_scale = ratio.clamp(min=1.0)[:, None, :, None]  # [B, 1, T, 1]
-        if self.enabled and self.attention is not None:
-            if self.attention_kind == "bias":
+        if self.enabled and self.attention is not None and not self._flex_ready(ctx):  # (flex: no dense mask)
+            if self.attention_kind == "bias" and not layout.fractional:
                 if not hasattr(self._module(0), "offset_bias"):
                     raise ValueError(f"{self.settings['pos']}: a ragged batch needs a bias given per offset")
                 ctx.bias_index = layout.offset_index()  # [B, T, T], shared by every layer
             if not self._per_layer:
                 ctx.shared = self._combined(self._prefixed(self.attention, ctx), user)
         return ctx
+
+    def _needs_cells(self) -> str | None:
+        """Why this model's positions need integer cells (a scheme not defined between them), or None."""
+        schemes = {"additive": self.additive, "attention": self.attention}
+        for role, module in schemes.items():
+            module = module[0] if isinstance(module, nn.ModuleList) else module
+            if module is None or not self.enabled or (role == "attention" and self.attention_kind == "none"):
+                continue
+            if role == "attention" and self.attention_kind == "bias":
+                takes = hasattr(module, "pair_bias")
+            else:
+                takes = "cells" in inspect.signature(module.forward).parameters
+            if not takes:
+                kind = "additive" if role == "additive" else self.attention_kind
+                name = next(n for n in self.settings["pos"] if get_info(n, ndim=2).kind == kind)
+                return (
+                    f"{name} is defined at integer grid cells only (its table holds one value per integer offset): "
+                    "fractional coordinates are refused; round them to cells, or use a scheme defined between "
+                    "cells (cpb2d, alibi2d, the rotary schemes, sincos2d, learned2d)"
+                )
+        if self.conditional is not None and self.enabled:
+            return (
+                "peg2d convolves the tokens laid on their image's grid, where a fractional point has no cell: "
+                "fractional coordinates are refused; round them to cells, or patch without peg2d"
+            )
+        return None
 
     def _subset(self, keep: torch.Tensor, grid: tuple[int, int], device: torch.device) -> torch.Tensor:
         """Kept patch indices [B, K] -> the rows' token indices [B, P + K], prefix tokens first."""
@@ -334,6 +388,9 @@ class Positions(nn.Module):
         return (rotary, mask) if ctx.query_scale is None else (QueryScaled(rotary, ctx.query_scale), mask)
 
     def _layer(self, ctx: PositionContext, index: int) -> tuple[Rotary | None, torch.Tensor | None]:
+        if ctx.ragged is not None and ctx.user_mask is None and self._flex_ready(ctx):
+            if not ctx.ragged.one_image_per_row():  # set for FlexAttention, run through SDPA: its mask, once
+                ctx.user_mask = ctx.ragged.structure_mask()
         if not self.enabled or self.attention is None:
             return None, ctx.user_mask
         if ctx.shared is not None:
@@ -343,16 +400,28 @@ class Positions(nn.Module):
         return (out, ctx.user_mask) if self.attention_kind == "rotary" else (None, out)
 
     def _flex_ready(self, ctx: PositionContext) -> bool:
-        """FlexAttention is on and applies: an enabled relative bias on the whole grid, no mask from the caller."""
+        """FlexAttention is on and applies: an enabled relative bias on the whole grid or on a ragged batch of
+        cells, no mask from the caller."""
         on = self.attention_backend == "flex" and self.enabled and self.attention_kind == "bias"
-        return on and ctx.user_mask is None and ctx.tokens is None and ctx.ragged is None
+        if ctx.ragged is not None:
+            return on and not ctx.caller_mask and not ctx.ragged.fractional
+        return on and ctx.user_mask is None and ctx.tokens is None
 
-    def flex(self, ctx: PositionContext, index: int) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-        """Layer ``index``'s bias per offset and prefix entries, for FlexAttention; None when SDPA is used."""
+    def flex(self, ctx: PositionContext, index: int) -> FlexBias | None:
+        """Layer ``index``'s bias for FlexAttention (``PositionContext.flex``); None when SDPA is used."""
         if not self._flex_ready(ctx):
             return None
-        module = self._module(index)
-        return module.offset_bias(ctx.grid, ctx.device), getattr(module, "prefix_bias", None)
+        module, layout = self._module(index), ctx.ragged
+        entries = getattr(module, "prefix_bias", None)
+        if layout is None:
+            return FlexBias(offset_score_mod(module.offset_bias(ctx.grid, ctx.device), ctx.grid, self.num_prefix_tokens,
+                                             entries))  # fmt: skip
+        values = torch.cat([module.offset_bias(size, ctx.device).flatten(1) for size in layout.sizes], dim=1)
+        extra = values.new_zeros(values.shape[0], 3) if entries is None else entries.T.to(values.dtype)
+        if ctx.block_mask is None and not layout.one_image_per_row():  # built once, shared by every layer
+            b, t = layout.image.shape
+            ctx.block_mask = create_block_mask(layout.flex_mask_mod(), b, None, t, t, device=ctx.device)
+        return FlexBias(layout.flex_score_mod(torch.cat((values, extra), dim=1)), ctx.block_mask)
 
     def _combined(self, out: Rotary | torch.Tensor, user: torch.Tensor | None) -> Rotary | torch.Tensor:
         """A bias mask plus the caller's mask (a rotation is returned as it is)."""
@@ -386,8 +455,14 @@ class Positions(nn.Module):
         if self.additive is None or not self.enabled:
             return x
         layout, p = ctx.ragged, self.num_prefix_tokens
-        table = torch.cat([self.additive(size, x.device) for size in layout.sizes]).to(x.dtype)  # [sum HW, C]
-        index, valid = layout.table_index(0)[:, p:], layout.valid[:, p:, None]  # [B, N], [B, N, 1]
+        if layout.fractional:  # the table at each token's point
+            points = zip(layout.sizes, layout.points(), strict=True)
+            table = torch.cat([self.additive(size, x.device, cells=layout.yx[here]) for size, here in points])
+            index = layout.point_index(0)[:, p:]
+        else:
+            table = torch.cat([self.additive(size, x.device) for size in layout.sizes])  # [sum HW, C]
+            index = layout.table_index(0)[:, p:]  # [B, N]
+        table, valid = table.to(x.dtype), layout.valid[:, p:, None]  # [B, N, 1]
         return torch.where(valid, x + table[index], x)
 
     def add_to_prefix(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,12 @@ grid size, exactly as for that image alone, and gathered per token: rotations fr
 size's rows (``table_index``), relative biases from one table of every size's per-offset values
 (``offset_index``), additive tables likewise. Tokens of different images never attend to each other and
 padding is never attended to (``structure_mask``), so each image in a batch gives what it gives alone.
-Coordinates are integer grid cells: fractional coordinates (token merging) are not accepted.
+
+Coordinates of a floating dtype are points in patch units (a merged token's mean cell, ToMe): there is no
+table row to gather, so each scheme is evaluated at each token's point, once per distinct grid size
+(``points``: rotations and additive tables at the points, relative biases from the pairs' offsets); at
+whole-number points that equals the gather from cells. A scheme defined at grid cells only (relbias2d's
+table, PEG's convolution) takes whole-number points as cells (``as_cells``) and refuses fractional ones.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ class RaggedLayout:
     yx: torch.Tensor  # [B, T, 2] int64: (y, x) cell in its image's grid (prefix tokens, padding: 0)
     hw: torch.Tensor  # [B, T, 2] int64: its image's grid size (padding: 1 x 1)
     num_prefix_tokens: int
+    fractional: bool = False  # ``yx`` holds points [B, T, 2] fp32 (floating coords), not int64 cells
 
     @property
     def valid(self) -> torch.Tensor:
@@ -54,7 +60,44 @@ class RaggedLayout:
 
     def cells(self) -> torch.Tensor:
         """[B, T] int64: row-major cell y * W + x of each token in its image's grid (prefix, padding: 0)."""
+        if self.fractional:
+            raise ValueError("fractional coordinates lie between grid cells: there is no cell index to gather")
         return self.yx[..., 0] * self.hw[..., 1] + self.yx[..., 1]
+
+    def as_cells(self) -> RaggedLayout | None:
+        """This layout with its points as integer cells, if every point is a whole number (else None)."""
+        if not self.fractional:
+            return self
+        if bool((self.yx != self.yx.round()).any()):
+            return None
+        return replace(self, yx=self.yx.long(), fractional=False)
+
+    def points(self) -> list[torch.Tensor]:
+        """Per distinct size (``sizes``' order): [B, T] bool, its images' patch tokens (row-major over B, T,
+        the order of ``point_index``'s rows; ``yx[selected]`` are their points)."""
+        patches = self.valid & ~self.prefix
+        return [patches & (self.group == u) for u in range(len(self.sizes))]
+
+    def point_index(self, prefix_rows: int) -> torch.Tensor:
+        """[B, T] int64: each token's row in the concatenation, over ``sizes``, of per-size tables holding
+        ``prefix_rows`` prefix rows then one row per patch token of that size (``points``' order): the
+        tables of ``table_index`` evaluated at the tokens' points instead of at every cell. Prefix token j
+        reads row j of its image's size; padding reads row 0."""
+        index = torch.zeros(self.image.shape, dtype=torch.long, device=self.image.device)
+        start = 0
+        for u, here in enumerate(self.points()):
+            count = int(here.sum())
+            index[here] = start + prefix_rows + torch.arange(count, device=index.device)
+            if prefix_rows:
+                prefix = self.prefix & self.valid & (self.group == u)
+                index = torch.where(prefix, start + torch.arange(self.image.shape[1], device=index.device), index)
+            start += prefix_rows + count
+        return index
+
+    def offsets(self) -> torch.Tensor:
+        """[B, T, T, 2] fp32: (dy, dx) = query - key between every pair of tokens, in patch units."""
+        yx = self.yx.float()
+        return yx[:, :, None] - yx[:, None, :]
 
     def table_index(self, prefix_rows: int) -> torch.Tensor:
         """[B, T] int64: each token's row in the concatenation, over ``sizes``, of per-size tables holding
@@ -86,6 +129,57 @@ class RaggedLayout:
         same = (self.image[:, :, None] == self.image[:, None, :]) & self.valid[:, :, None]
         return torch.where(same, index, 0)
 
+    def pair_mask(self, per_pair: torch.Tensor, entries: torch.Tensor | None) -> torch.Tensor:
+        """A bias evaluated at every pair's offset [heads, B, T, T] and BEiT's prefix entries [3, heads] (None:
+        zero) -> the bias of every token pair [B, heads, T, T], prefix rows and columns as ``offset_index``
+        places them (pairs of different images: 0, hidden by the mask)."""
+        heads = per_pair.shape[0]
+        to_patch, from_patch, among = (
+            (per_pair.new_zeros(heads),) * 3 if entries is None else entries.to(per_pair.dtype)
+        )
+        query, key = self.prefix[:, None, :, None], self.prefix[:, None, None, :]  # [B, 1, T, 1], [B, 1, 1, T]
+        bias = per_pair.transpose(0, 1)  # [B, heads, T, T]
+        view = (1, heads, 1, 1)
+        prefix = torch.where(key, among.view(view), to_patch.view(view))
+        bias = torch.where(query, prefix, torch.where(key, from_patch.view(view), bias))
+        same = (self.image[:, :, None] == self.image[:, None, :]) & self.valid[:, :, None]
+        return torch.where(same[:, None], bias, 0.0)
+
+    def flex_score_mod(self, values: torch.Tensor):  # noqa: ANN201  (a FlexAttention score_mod)
+        """FlexAttention's ``score_mod`` for a relative bias on this batch: ``values`` [heads, V] as
+        ``offset_index`` reads them (every size's per-offset values, then BEiT's three prefix entries); the
+        index of each pair is computed from the two tokens' cells and grid, so no [B, T, T] tensor exists.
+        Pairs of different images read a clamped index (their scores are masked: ``flex_mask_mod``)."""
+        counts = torch.tensor([(2 * h - 1) * (2 * w - 1) for h, w in self.sizes], device=self.image.device)
+        total = int(counts.sum())
+        start = (torch.cumsum(counts, 0) - counts).to(torch.int32)[self.group]  # [B, T]
+        y, x = self.yx[..., 0].to(torch.int32), self.yx[..., 1].to(torch.int32)
+        h, w = self.hw[..., 0].to(torch.int32), self.hw[..., 1].to(torch.int32)
+        prefix = self.prefix
+
+        def score_mod(score, b, head, q_idx, kv_idx):  # noqa: ANN001, ANN202
+            hq, wq = h[b, q_idx], w[b, q_idx]
+            dy = y[b, q_idx] - y[b, kv_idx] + hq - 1
+            dx = x[b, q_idx] - x[b, kv_idx] + wq - 1
+            index = (start[b, q_idx] + dy * (2 * wq - 1) + dx).clamp(0, total - 1)
+            query, key = prefix[b, q_idx], prefix[b, kv_idx]
+            index = torch.where(query, torch.where(key, total + 2, total), torch.where(key, total + 1, index))
+            return score + values[head, index].to(score.dtype)
+
+        return score_mod
+
+    def flex_mask_mod(self):  # noqa: ANN201  (a FlexAttention mask_mod)
+        """FlexAttention's ``mask_mod`` of ``structure_mask``: a token attends to its own image's tokens; a
+        padding query to every valid key and to itself."""
+        image = self.image
+
+        def mask_mod(b, head, q_idx, kv_idx):  # noqa: ANN001, ANN202
+            key_valid = image[b, kv_idx] >= 0
+            same = (image[b, q_idx] == image[b, kv_idx]) & key_valid
+            return same | ((image[b, q_idx] < 0) & (key_valid | (q_idx == kv_idx)))
+
+        return mask_mod
+
     def structure_mask(self) -> torch.Tensor:
         """[B, 1, T, T] additive fp32: 0 where a query may attend to a key, -inf elsewhere. A token attends
         to the tokens of its own image; a padding query attends to every valid key and to itself, so its row
@@ -115,21 +209,25 @@ def ragged_layout(
     segments: torch.Tensor | None = None,
     num_prefix_tokens: int = 0,
 ) -> RaggedLayout:
-    """Check a ragged batch and lay out its tokens: ``coords`` [B, N, 2] integer (y, x) cells of the N patch
-    tokens of each row, ``sizes`` [B, 2] (one image per row) or [B, S, 2] (with ``segments`` [B, N]: the
-    image of each token among its row's S), ``valid`` [B, N] bool (False: padding). Without ``sizes``, each
-    image's grid is the bounding box of its tokens' cells (give the sizes when the tokens may not cover the
-    grid: a normalised or size-dependent scheme reads them)."""
-    if not isinstance(coords, torch.Tensor) or coords.dim() != 3 or coords.shape[-1] != 2 or _not_int(coords):
+    """Check a ragged batch and lay out its tokens: ``coords`` [B, N, 2] (y, x) of the N patch tokens of each
+    row, integer cells or, of a floating dtype, points in patch units (fractional: a merged token's mean
+    cell), ``sizes`` [B, 2] (one image per row) or [B, S, 2] (with ``segments`` [B, N]: the image of each
+    token among its row's S), ``valid`` [B, N] bool (False: padding). Without ``sizes``, each image's grid
+    is the bounding box of its tokens' cells (the cells holding its points; give the sizes when the tokens
+    may not cover the grid: a normalised or size-dependent scheme reads them)."""
+    if not isinstance(coords, torch.Tensor) or coords.dim() != 3 or coords.shape[-1] != 2 or _not_real(coords):
         got = f"{coords.dtype} tensor of shape {tuple(coords.shape)}" if isinstance(coords, torch.Tensor) else coords
-        raise ValueError(
-            f"coords must be an integer tensor [B, N, 2] of (y, x) grid cells, got {got}"
-            " (fractional coordinates, e.g. merged tokens, are not supported)"
-        )
+        raise ValueError(f"coords must be a real tensor [B, N, 2] of (y, x) grid cells or points, got {got}")
     b, n, _ = coords.shape
     device = coords.device
-    coords = coords.long()
     valid = _check_flags("valid", valid, (b, n), device)
+    fractional = coords.is_floating_point()  # points in patch units
+    if fractional:
+        coords = torch.where(valid[..., None], coords.float(), 0.0)
+        if not torch.compiler.is_compiling() and not bool(coords.isfinite().all()):
+            raise ValueError("coords hold non-finite values (inf or nan) at valid tokens")
+    else:
+        coords = coords.long()
     if segments is None:
         image = torch.arange(b, device=device)[:, None].expand(b, n)
         count = b
@@ -153,7 +251,8 @@ def ragged_layout(
     image = torch.where(valid, image, -1)
     if sizes is None:  # each image's bounding box
         flat = torch.zeros(count, 2, dtype=torch.long, device=device)
-        flat = flat.scatter_reduce(0, image[valid][:, None].expand(-1, 2), coords[valid] + 1, "amax")
+        cells = coords.floor().long() if fractional else coords
+        flat = flat.scatter_reduce(0, image[valid][:, None].expand(-1, 2), cells[valid] + 1, "amax")
     else:
         expected = (b, 2) if segments is None else (b, sizes.shape[1], 2)
         if not isinstance(sizes, torch.Tensor) or tuple(sizes.shape) != expected or _not_int(sizes):
@@ -174,18 +273,22 @@ def ragged_layout(
             raise ValueError(f"grid sizes must be positive, got {distinct.tolist()}")
         patches = used.clone()
         patches[:, :p] = False
-        if bool(((coords < 0) | (coords >= hw))[patches].any()):
-            raise ValueError("coords hold cells outside their image's grid (0 <= y < H, 0 <= x < W)")
+        if bool(((coords < 0) | (coords > hw - 1))[patches].any()):
+            raise ValueError("coords hold points outside their image's grid (0 <= y <= H - 1, 0 <= x <= W - 1)")
     group = torch.zeros(image.shape, dtype=torch.long, device=device)
     group[used] = group_used
     yx = torch.where(used[..., None], coords, 0)
     hw = torch.where(used[..., None], hw, 1)
     sizes_list = [(int(h), int(w)) for h, w in distinct.tolist()]
-    return RaggedLayout(sizes_list, group, image, yx, hw, p)
+    return RaggedLayout(sizes_list, group, image, yx, hw, p, fractional)
 
 
 def _not_int(t: torch.Tensor) -> bool:
     return t.is_floating_point() or t.is_complex() or t.dtype == torch.bool
+
+
+def _not_real(t: torch.Tensor) -> bool:
+    return t.is_complex() or t.dtype == torch.bool
 
 
 def _check_flags(name: str, flags: torch.Tensor | None, shape: tuple[int, int], device: torch.device) -> torch.Tensor:

@@ -71,6 +71,12 @@ class Alibi2d(nn.Module):
         distance = offsets_2d(check_grid(grid), device).float().norm(dim=-1)  # [2H-1, 2W-1]
         return -alibi_slopes(self.num_heads).to(distance.device)[:, None, None] * distance
 
+    def pair_bias(self, offsets: torch.Tensor) -> torch.Tensor:
+        """The bias at offsets (dy, dx) [..., 2] in patch units, possibly fractional -> [heads, ...] fp32."""
+        distance = offsets.float().norm(dim=-1)
+        slopes = alibi_slopes(self.num_heads).to(distance.device)
+        return -slopes.view(-1, *([1] * distance.dim())) * distance
+
     def forward(self, grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
         """-> [heads, HW, HW] fp32."""
         return bias_from_offsets(self.offset_bias(grid, device), check_grid(grid))

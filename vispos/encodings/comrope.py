@@ -80,8 +80,11 @@ class ComRope2d(nn.Module):
             return skew * self.scale[..., None, None]  # theta_km (P_m - P_m^T)
         return skew * self.mask
 
-    def forward(self, grid: tuple[int, int], device: torch.device | None = None) -> Rotary:
-        xy = xy_coords(grid, self.coords, device or self.base.device)  # [HW, 2]
+    def forward(
+        self, grid: tuple[int, int], device: torch.device | None = None, *, cells: torch.Tensor | None = None
+    ) -> Rotary:
+        """The rotations of the patches of ``grid``, or of the points ``cells`` [M, 2] of an image of that grid."""
+        xy = xy_coords(grid, self.coords, device or self.base.device, cells)  # [HW or M, 2]
         return Rotary(None, None, blocks=generator_rotations(xy, self.generators()))  # [heads, HW, d/b, b, b]
 
     def extra_repr(self) -> str:

@@ -33,6 +33,18 @@ def resample_table_2d(table: torch.Tensor, grid: tuple[int, int]) -> torch.Tenso
     return out[0].permute(1, 2, 0).to(table.dtype)
 
 
+def interpolate_cells(table: torch.Tensor, cells: torch.Tensor) -> torch.Tensor:
+    """A table [H, W, d] over the cells of a grid, read at points ``cells`` [M, 2] ((y, x), possibly
+    fractional) -> [M, d] fp32: bicubic between cell centres (exactly the table's rows at integer cells),
+    clamped to the border."""
+    h, w, _ = table.shape
+    size = torch.tensor([max(h - 1, 1), max(w - 1, 1)], device=cells.device, dtype=torch.float32)
+    where = (2.0 * cells.float() / size - 1.0).flip(-1)  # [-1, 1] over the centres (align_corners=True), (x, y)
+    img = table.float().permute(2, 0, 1)[None]  # [1, d, H, W]
+    out = F.grid_sample(img, where[None, :, None], mode="bicubic", padding_mode="border", align_corners=True)
+    return out[0, :, :, 0].T
+
+
 @register("learned1d", ndim=1, kind="additive", trainable=True, relative=False, context=("dim",),
     summary="learned absolute table", extrapolation="none past max_len (error, clamp or interpolate: explicit)",
     reference="Devlin et al. 2019 (BERT)")
@@ -158,9 +170,21 @@ class Learned2d(nn.Module):
         out = F.grid_sample(table, where, mode="bicubic", padding_mode="border", align_corners=False)
         return out[0, :, :, 0].T
 
-    def forward(self, grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
-        """-> [H*W, dim] for the patch tokens of ``grid``, in the parameters' dtype (fp32 when sampled)."""
+    def forward(
+        self, grid: tuple[int, int], device: torch.device | None = None, *, cells: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """-> [H*W, dim] for the patch tokens of ``grid``, in the parameters' dtype (fp32 when sampled).
+
+        ``cells`` [M, 2]: the table at these points ((y, x) in patch units, possibly fractional) of an image
+        whose grid is ``grid`` -> [M, dim]: ``grid_sample`` samples the table there (``sample``); ``resize``
+        interpolates the table resized to ``grid`` bicubically between its cells (its own rows at integer
+        cells, clamped to its border)."""
         h, w = check_grid(grid)
+        if cells is not None:
+            if self.resample == "grid_sample":
+                return self.sample(cells, torch.tensor([h, w], device=cells.device).expand(cells.shape[0], 2))
+            table = self(grid, device)
+            return interpolate_cells(table.reshape(h, w, self.dim), cells).to(table.dtype)
         if self.resample == "grid_sample":
             at = self.table.device
             cells = torch.cartesian_prod(torch.arange(h, device=at), torch.arange(w, device=at))

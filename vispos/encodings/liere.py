@@ -34,9 +34,11 @@ def upper_skew(raw: torch.Tensor) -> torch.Tensor:
     return upper - upper.transpose(-1, -2)
 
 
-def xy_coords(grid: tuple[int, int], coords: str, device: torch.device | None) -> torch.Tensor:
-    """(x, y) patch coordinates [H*W, 2]: integer indices (``pixel``) or patch centres in [-1, 1]."""
-    return grid_coords(check_grid(grid), coords, device).flip(-1)
+def xy_coords(
+    grid: tuple[int, int], coords: str, device: torch.device | None, cells: torch.Tensor | None = None
+) -> torch.Tensor:
+    """(x, y) patch coordinates [H*W, 2] (or of ``cells`` [M, 2]): indices (``pixel``) or centres in [-1, 1]."""
+    return grid_coords(check_grid(grid), coords, device, cells=cells).flip(-1)
 
 
 @register("liere2d", ndim=2, kind="rotary", trainable=True, relative=False, context=("dim", "num_heads"),
@@ -75,8 +77,11 @@ class Liere2d(nn.Module):
         """Skew-symmetric generators [heads, 2 (x, y), d/b, b, b]."""
         return upper_skew(self.raw)
 
-    def forward(self, grid: tuple[int, int], device: torch.device | None = None) -> Rotary:
-        xy = xy_coords(grid, self.coords, device or self.raw.device)  # [HW, 2]
+    def forward(
+        self, grid: tuple[int, int], device: torch.device | None = None, *, cells: torch.Tensor | None = None
+    ) -> Rotary:
+        """The rotations of the patches of ``grid``, or of the points ``cells`` [M, 2] of an image of that grid."""
+        xy = xy_coords(grid, self.coords, device or self.raw.device, cells)  # [HW or M, 2]
         return Rotary(None, None, blocks=generator_rotations(xy, self.generators()))  # [heads, HW, d/b, b, b]
 
     def extra_repr(self) -> str:

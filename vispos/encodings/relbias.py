@@ -154,6 +154,13 @@ def log_spaced_offsets(grid: tuple[int, int], train_grid: tuple[int, int], devic
     return torch.sign(table) * torch.log2(table.abs() + 1.0) / math.log2(8)
 
 
+def log_spaced(offsets: torch.Tensor, train_grid: tuple[int, int]) -> torch.Tensor:
+    """``log_spaced_offsets``'s map at any offsets (dy, dx) [..., 2] (fp32), possibly fractional."""
+    den = torch.tensor([max(train_grid[0] - 1, 1), max(train_grid[1] - 1, 1)], device=offsets.device)
+    t = offsets.float() / den * 8
+    return torch.sign(t) * torch.log2(t.abs() + 1.0) / math.log2(8)
+
+
 @register("cpb2d", ndim=2, kind="bias", trainable=True, relative=True, context=("num_heads", "train_grid",
     "num_prefix_tokens"), per_layer=True, summary="SwinV2 continuous bias: MLP on log-spaced (dy, dx), 16 sigmoid",
     extrapolation="continuous: the MLP is evaluated at new offsets", reference="Liu et al. 2022 (Swin V2)")
@@ -183,6 +190,13 @@ class ContinuousBias2d(RelativeBias2d):
         weight = self.mlp[0].weight
         inputs = log_spaced_offsets(check_grid(grid), self.offset_grid, weight.device).to(weight.dtype)
         return self.max_bias * torch.sigmoid(self.mlp(inputs).permute(2, 0, 1).float())  # [heads, 2H-1, 2W-1]
+
+    def pair_bias(self, offsets: torch.Tensor) -> torch.Tensor:
+        """The bias at offsets (dy, dx) = query - key [..., 2] in patch units, possibly fractional ->
+        [heads, ...] fp32: the MLP at their log-spaced form, as at the offsets of a grid."""
+        weight = self.mlp[0].weight
+        return self.max_bias * torch.sigmoid(self.mlp(log_spaced(offsets, self.offset_grid).to(weight.dtype))
+                                             .movedim(-1, 0).float())  # fmt: skip
 
     def forward(self, grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
         """-> [heads, HW, HW] fp32."""

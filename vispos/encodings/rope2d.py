@@ -31,8 +31,10 @@ def grid_coords(
     offset: float = 0.0,
     normalize: str = "separate",
     ref_grid: tuple[int, int] | None = None,
+    cells: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Patch coordinates [H*W, 2] as (y, x), row-major, fp32.
+    """Patch coordinates [H*W, 2] as (y, x), row-major, fp32; with ``cells`` [M, 2] ((y, x) in patch units of
+    an image whose grid is ``grid``, possibly fractional), the coordinates [M, 2] of those points instead.
 
     ``pixel``: integer indices + ``offset``; with ``ref_grid`` every grid is stretched onto the reference
     grid (index * ref / size per axis, EVA-02's rule). ``normalized`` (DINOv3): patch centres + ``offset``,
@@ -40,14 +42,20 @@ def grid_coords(
     mapped from [0, 1] to [-1, 1].
     """
     h, w = grid
-    ys = torch.arange(h, device=device, dtype=torch.float32) + offset
-    xs = torch.arange(w, device=device, dtype=torch.float32) + offset
+    if cells is None:
+        ys = torch.arange(h, device=device, dtype=torch.float32) + offset
+        xs = torch.arange(w, device=device, dtype=torch.float32) + offset
+    else:
+        at = cells.to(device=device, dtype=torch.float32)
+        ys, xs = at[:, 0] + offset, at[:, 1] + offset
     if coords == "pixel":
         if ref_grid is not None:
             ys, xs = ys / h * ref_grid[0], xs / w * ref_grid[1]
     else:
         den_h, den_w = {"separate": (h, w), "min": (min(h, w),) * 2, "max": (max(h, w),) * 2}[normalize]
         ys, xs = (ys + 0.5) / den_h * 2 - 1, (xs + 0.5) / den_w * 2 - 1
+    if cells is not None:
+        return torch.stack((ys, xs), dim=-1)
     yy, xx = torch.meshgrid(ys, xs, indexing="ij")
     return torch.stack((yy.flatten(), xx.flatten()), dim=-1)
 
@@ -225,26 +233,36 @@ class Rope2d(nn.Module):
             return period_inv_freq(self.dim // 2, *self.periods), 1.0
         return scaled_inv_freq(self.dim // 2, self.theta, scaling, length)
 
-    def coordinates(self, grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
-        """Coordinates [H*W, 2] in ``axes`` order, augmented in training mode."""
+    def coordinates(
+        self, grid: tuple[int, int], device: torch.device | None = None, cells: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Coordinates [H*W, 2] (or of ``cells`` [M, 2]) in ``axes`` order, augmented in training mode."""
         yx = grid_coords(
-            grid, self.coords, device, offset=self.offset, normalize=self.normalize, ref_grid=self.ref_grid
-        )
+            grid, self.coords, device, offset=self.offset, normalize=self.normalize, ref_grid=self.ref_grid,
+            cells=cells,
+        )  # fmt: skip
         return frame_coords(yx, self.axes, self.augment, self.training, self.coords == "normalized")
 
-    def angles(self, grid: tuple[int, int], device: torch.device | None = None) -> tuple[torch.Tensor, float]:
-        """Per-pair angles [H*W, dim/2] (the first axis's pairs, then the second's) and the attention factor."""
+    def angles(
+        self, grid: tuple[int, int], device: torch.device | None = None, cells: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, float]:
+        """Per-pair angles [H*W or M, dim/2] (the first axis's pairs, then the second's) and the attention
+        factor; ``grid`` sets the frequencies (scaling) and the coordinate frame, ``cells`` the points."""
         h, w = check_grid(grid)
         inv_y, att_y = self.inv_freq(self.scaling_y, h)
         inv_x, att_x = self.inv_freq(self.scaling_x, w)
         first, second = (inv_y, inv_x) if self.axes == "yx" else (inv_x, inv_y)
-        c = self.coordinates((h, w), device)
+        c = self.coordinates((h, w), device, cells)
         angles = torch.cat((rope_angles(c[:, 0], first), rope_angles(c[:, 1], second)), dim=-1)
         return angles, math.sqrt(att_y * att_x)
 
-    def forward(self, grid: tuple[int, int], device: torch.device | None = None) -> Rotary:
-        angles, temperature = self.angles(grid, device)
-        angles = expand_angles(angles, self.layout)  # [HW, dim]
+    def forward(
+        self, grid: tuple[int, int], device: torch.device | None = None, *, cells: torch.Tensor | None = None
+    ) -> Rotary:
+        """The rotations of the H*W patches of ``grid``, or of the points ``cells`` [M, 2] ((y, x), possibly
+        fractional) of an image whose grid is ``grid``."""
+        angles, temperature = self.angles(grid, device, cells)
+        angles = expand_angles(angles, self.layout)  # [HW or M, dim]
         return Rotary(angles.cos() * temperature, angles.sin() * temperature, self.layout, temperature=temperature)
 
     def extra_repr(self) -> str:
@@ -300,15 +318,20 @@ class Rope2dMixed(nn.Module):
         fy = torch.cat((mag * torch.sin(phase), mag * torch.cos(phase)), dim=-1)
         return torch.stack((fx, fy))
 
-    def angles(self, grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
-        """Per-pair angles [heads, H*W, dim/2]."""
-        yx = grid_coords(check_grid(grid), self.coords, device or self.freqs.device, offset=self.offset)
+    def angles(
+        self, grid: tuple[int, int], device: torch.device | None = None, cells: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Per-pair angles [heads, H*W or M, dim/2]."""
+        yx = grid_coords(check_grid(grid), self.coords, device or self.freqs.device, offset=self.offset, cells=cells)
         xy = frame_coords(yx, "xy", self.augment, self.training, self.coords == "normalized")
         freqs = self.freqs.float()
         return xy[:, 0, None] * freqs[0][:, None] + xy[:, 1, None] * freqs[1][:, None]
 
-    def forward(self, grid: tuple[int, int], device: torch.device | None = None) -> Rotary:
-        angles = expand_angles(self.angles(grid, device), self.layout)  # [heads, HW, dim]
+    def forward(
+        self, grid: tuple[int, int], device: torch.device | None = None, *, cells: torch.Tensor | None = None
+    ) -> Rotary:
+        """The rotations of the patches of ``grid``, or of the points ``cells`` [M, 2] (as ``Rope2d``)."""
+        angles = expand_angles(self.angles(grid, device, cells), self.layout)  # [heads, HW or M, dim]
         return Rotary(angles.cos(), angles.sin(), self.layout)
 
     def extra_repr(self) -> str:

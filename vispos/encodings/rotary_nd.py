@@ -66,9 +66,12 @@ def skew_part(raw: torch.Tensor) -> torch.Tensor:
     return raw - raw.transpose(-1, -2)
 
 
-def _coords(module: nn.Module, grid: tuple[int, int], device: torch.device | None) -> torch.Tensor:
-    """(x, y) coordinates [H*W, 2] of a patch grid: integer indices or DINOv3's normalized frame (x 2 pi)."""
-    yx = grid_coords(check_grid(grid), module.coords, device)
+def _coords(
+    module: nn.Module, grid: tuple[int, int], device: torch.device | None, cells: torch.Tensor | None = None
+) -> torch.Tensor:
+    """(x, y) coordinates [H*W, 2] of a patch grid (or of ``cells`` [M, 2] on it): indices or DINOv3's
+    normalized frame (x 2 pi)."""
+    yx = grid_coords(check_grid(grid), module.coords, device, cells=cells)
     return frame_coords(yx, "xy", module.augment, module.training, module.coords == "normalized")
 
 
@@ -93,9 +96,12 @@ class Rope2dGolden(nn.Module):
         self.augment = CoordAugment()  # none: the coordinate pipeline of rope2d, unaugmented
         self.register_buffer("freqs", golden_freqs(self.dim, self.theta), persistent=False)  # [2, d/2]
 
-    def forward(self, grid: tuple[int, int], device: torch.device | None = None) -> Rotary:
+    def forward(
+        self, grid: tuple[int, int], device: torch.device | None = None, *, cells: torch.Tensor | None = None
+    ) -> Rotary:
+        """The rotations of the patches of ``grid``, or of the points ``cells`` [M, 2] of an image of that grid."""
         device = device or self.freqs.device
-        angles = linear_angles(_coords(self, grid, device), self.freqs.to(device))  # [HW, d/2]
+        angles = linear_angles(_coords(self, grid, device, cells), self.freqs.to(device))  # [HW or M, d/2]
         angles = expand_angles(angles, self.layout)  # [HW, d]
         return Rotary(angles.cos(), angles.sin(), self.layout)
 
@@ -149,13 +155,18 @@ class String2d(nn.Module):
         """P [heads, d, d], orthogonal, in fp32."""
         return cayley(skew_part(self.skew))
 
-    def angles(self, grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
-        """Per-pair angles [(heads,) H*W, d/2]."""
+    def angles(
+        self, grid: tuple[int, int], device: torch.device | None = None, cells: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Per-pair angles [(heads,) H*W or M, d/2]."""
         device = device or self.skew.device
-        return linear_angles(_coords(self, grid, device), self.freqs.to(device))
+        return linear_angles(_coords(self, grid, device, cells), self.freqs.to(device))
 
-    def forward(self, grid: tuple[int, int], device: torch.device | None = None) -> Rotary:
-        angles = expand_angles(self.angles(grid, device), self.layout)  # [(heads,) HW, d]
+    def forward(
+        self, grid: tuple[int, int], device: torch.device | None = None, *, cells: torch.Tensor | None = None
+    ) -> Rotary:
+        """The rotations of the patches of ``grid``, or of the points ``cells`` [M, 2] of an image of that grid."""
+        angles = expand_angles(self.angles(grid, device, cells), self.layout)  # [(heads,) HW or M, d]
         basis = None if self.folded else self.basis()
         return Rotary(angles.cos(), angles.sin(), self.layout, basis=basis)
 

@@ -22,14 +22,21 @@ def sincos_1d(positions: torch.Tensor, dim: int, temperature: float = 1e4) -> to
 
 
 def sincos_2d(
-    grid: tuple[int, int], dim: int, temperature: float = 1e4, device: torch.device | None = None
+    grid: tuple[int, int],
+    dim: int,
+    temperature: float = 1e4,
+    device: torch.device | None = None,
+    cells: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Grid (H, W) -> [H*W, dim], row-major: x on the first dim/2 channels, y on the rest."""
-    h, w = grid
-    yy, xx = torch.meshgrid(torch.arange(h, device=device), torch.arange(w, device=device), indexing="ij")
-    return torch.cat(
-        (sincos_1d(xx.flatten(), dim // 2, temperature), sincos_1d(yy.flatten(), dim // 2, temperature)), -1
-    )
+    """Grid (H, W) -> [H*W, dim], row-major: x on the first dim/2 channels, y on the rest; or the embedding
+    [M, dim] of the points ``cells`` [M, 2] ((y, x), possibly fractional)."""
+    if cells is None:
+        h, w = grid
+        yy, xx = torch.meshgrid(torch.arange(h, device=device), torch.arange(w, device=device), indexing="ij")
+        yy, xx = yy.flatten(), xx.flatten()
+    else:
+        yy, xx = cells[:, 0], cells[:, 1]
+    return torch.cat((sincos_1d(xx, dim // 2, temperature), sincos_1d(yy, dim // 2, temperature)), -1)
 
 
 @register("sincos1d", ndim=1, kind="additive", trainable=False, relative=False, context=("dim",),
@@ -64,6 +71,8 @@ class SinCos2d(SinCos1d):
 
     splits = 4  # a sin and a cos per frequency, per axis
 
-    def forward(self, grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:  # type: ignore[override]
-        """-> [H*W, dim] fp32."""
-        return sincos_2d(check_grid(grid), self.dim, self.temperature, device)
+    def forward(  # type: ignore[override]
+        self, grid: tuple[int, int], device: torch.device | None = None, *, cells: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """-> [H*W, dim] fp32; ``cells`` [M, 2]: at those points ((y, x), possibly fractional) -> [M, dim]."""
+        return sincos_2d(check_grid(grid), self.dim, self.temperature, device, cells)

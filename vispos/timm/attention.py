@@ -9,7 +9,7 @@ from timm.layers import AttentionRope
 from timm.models.eva import EvaAttention
 from timm.models.vision_transformer import Attention as TimmAttention
 
-from ..attention import flex_bias_attention, sdpa
+from ..attention import FlexBias, flex_bias_attention, sdpa
 from ..positions import PositionContext
 
 SUPPORTED_ATTENTION: tuple[type, ...] = (TimmAttention, AttentionRope, EvaAttention)
@@ -88,14 +88,13 @@ class PatchedAttention(torch.nn.Module):
             q, k = rotary.rotate(q, k)
         return q, k, v, self.scale * attn_mask.logit_scale, mask
 
-    def flex_attend(self, x: torch.Tensor, ctx: PositionContext, bias: tuple) -> torch.Tensor:
-        """The same attention through FlexAttention: the relative bias looked up per offset, no mask built."""
+    def flex_attend(self, x: torch.Tensor, ctx: PositionContext, bias: FlexBias) -> torch.Tensor:
+        """The same attention through FlexAttention: the relative bias looked up per offset, no mask built
+        (a ragged batch's per-token log-n scale multiplies q)."""
         q, k, v = self.project_normed(x)
-        per_offset, prefix_bias = bias
-        return flex_bias_attention(
-            q, k, v, per_offset, ctx.grid, num_prefix_tokens=ctx.positions.num_prefix_tokens,
-            prefix_bias=prefix_bias, scale=self.scale * ctx.logit_scale,
-        )  # fmt: skip
+        if ctx.query_scale is not None:
+            q = (q.float() * ctx.query_scale).to(q.dtype)
+        return flex_bias_attention(q, k, v, bias, scale=self.scale * ctx.logit_scale)
 
     def forward(
         self,
