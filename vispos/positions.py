@@ -312,8 +312,10 @@ class Positions(nn.Module):
 
         ``coords`` of a floating dtype are points in patch units, possibly fractional (a merged token at the
         mean of its cells): every scheme defined between grid cells is evaluated at each token's point
-        (``ragged_layout``); relbias2d's integer table and peg2d's convolution refuse fractional points."""
-        layout = ragged_layout(coords, sizes, valid=valid, segments=segments, num_prefix_tokens=self.num_prefix_tokens)
+        (``ragged_layout``); relbias2d's integer table and peg2d's convolution refuse fractional points.
+        DINOv3's coordinate augmentation (training mode) is drawn per image."""
+        layout = ragged_layout(coords, sizes, valid=valid, segments=segments, num_prefix_tokens=self.num_prefix_tokens,
+                               per_image=self._draws_per_forward())  # fmt: skip
         if layout.fractional and (needs := self._needs_cells()) is not None:
             layout = layout.as_cells()
             if layout is None:
@@ -335,6 +337,11 @@ class Positions(nn.Module):
             if not self._per_layer:
                 ctx.shared = self._combined(self._prefixed(self.attention, ctx), user)
         return ctx
+
+    def _draws_per_forward(self) -> bool:
+        """A scheme draws at random in this forward (DINOv3's coordinate augmentation, training mode): a ragged
+        batch then evaluates it per image, so that each image gets a draw of its own."""
+        return self.training and any(getattr(getattr(m, "augment", None), "active", False) for m in self.modules())
 
     def _needs_cells(self) -> str | None:
         """Why this model's positions need integer cells (a scheme not defined between them), or None."""

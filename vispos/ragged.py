@@ -34,8 +34,8 @@ from .encodings.rope import Rotary
 class RaggedLayout:
     """Every token of a ragged batch of rows [B, T = P + N]: its image, its cell and its image's grid size."""
 
-    sizes: list[tuple[int, int]]  # the distinct grid sizes (H, W) in the batch, ascending
-    group: torch.Tensor  # [B, T] int64: index into ``sizes`` of the token's image (padding: 0)
+    sizes: list[tuple[int, int]]  # each group's grid size (H, W): the distinct sizes, ascending, or each image's
+    group: torch.Tensor  # [B, T] int64: index into ``sizes`` of the token's group (padding: 0)
     image: torch.Tensor  # [B, T] int64: the token's image, distinct per (row, segment); -1 for padding
     yx: torch.Tensor  # [B, T, 2] int64: (y, x) cell in its image's grid (prefix tokens, padding: 0)
     hw: torch.Tensor  # [B, T, 2] int64: its image's grid size (padding: 1 x 1)
@@ -208,13 +208,17 @@ def ragged_layout(
     valid: torch.Tensor | None = None,
     segments: torch.Tensor | None = None,
     num_prefix_tokens: int = 0,
+    per_image: bool = False,
 ) -> RaggedLayout:
     """Check a ragged batch and lay out its tokens: ``coords`` [B, N, 2] (y, x) of the N patch tokens of each
     row, integer cells or, of a floating dtype, points in patch units (fractional: a merged token's mean
     cell), ``sizes`` [B, 2] (one image per row) or [B, S, 2] (with ``segments`` [B, N]: the image of each
     token among its row's S), ``valid`` [B, N] bool (False: padding). Without ``sizes``, each image's grid
     is the bounding box of its tokens' cells (the cells holding its points; give the sizes when the tokens
-    may not cover the grid: a normalised or size-dependent scheme reads them)."""
+    may not cover the grid: a normalised or size-dependent scheme reads them).
+
+    Tokens are grouped by grid size (each scheme is evaluated once per distinct size), or, with
+    ``per_image``, by image (once per image: a random draw per forward becomes one per image)."""
     if not isinstance(coords, torch.Tensor) or coords.dim() != 3 or coords.shape[-1] != 2 or _not_real(coords):
         got = f"{coords.dtype} tensor of shape {tuple(coords.shape)}" if isinstance(coords, torch.Tensor) else coords
         raise ValueError(f"coords must be a real tensor [B, N, 2] of (y, x) grid cells or points, got {got}")
@@ -265,7 +269,11 @@ def ragged_layout(
         coords = torch.cat((coords.new_zeros(b, p, 2), coords), dim=1)
     used = image >= 0
     hw = flat[image.clamp(min=0)]  # [B, T, 2]
-    distinct, group_used = torch.unique(hw[used], dim=0, return_inverse=True)
+    if per_image:
+        ids, group_used = torch.unique(image[used], return_inverse=True)
+        distinct = flat[ids]
+    else:
+        distinct, group_used = torch.unique(hw[used], dim=0, return_inverse=True)
     if not torch.compiler.is_compiling():
         if distinct.numel() == 0:
             raise ValueError("the batch holds no valid token")
