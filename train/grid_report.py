@@ -70,14 +70,29 @@ def _cell(r: RunResult, scheme: str, protocol: str, size: int) -> str:
     return f"{statistics.fmean(values):.1f} ± {statistics.stdev(values):.1f}"
 
 
+def training_seconds(results: dict[str, RunResult]) -> float:
+    """Training time summed over every task, trained entry and seed (as recorded when each was trained, so a
+    report assembled from reused runs still states what they cost; evaluation not included)."""
+    total = 0.0
+    for r in results.values():
+        for entry in r.schemes.values():
+            if entry.per_seed:
+                total += sum(s.train_seconds or 0.0 for s in entry.per_seed.values())
+            elif entry.train is not None:
+                total += entry.train.seconds
+    return total
+
+
 def format_report(results: dict[str, RunResult], command: str, seconds: float) -> str:
     """Markdown: per protocol, one table per task (scheme x grid), then the headline table."""
     first = next(iter(results.values()))
     seeds = first.seeds
+    trained = training_seconds(results)
     lines = [
         "# Grid tasks: accuracy against grid size",
         "",
-        f"Made by `{command}` in {seconds:.0f} s ({first.device}). Trained at a {first.train_size // GLYPH} x "
+        f"Made by `{command}` in {seconds:.0f} s ({first.device}; training, summed over entries and seeds as "
+        f"recorded when each was trained: {trained / 60:.1f} min). Trained at a {first.train_size // GLYPH} x "
         f"{first.train_size // GLYPH} grid ({first.train_size} px, {GLYPH} px cells = patches); "
         + (f"mean ± sample std over seeds {', '.join(map(str, seeds))}; " if len(seeds) > 1 else f"seed {seeds[0]}; ")
         + "top-1 %. canvas: a new image drawn by the task's rule at the evaluation grid (same cell size, more "
