@@ -198,10 +198,11 @@ def test_tiny_quick_config_reports_across_tasks_with_the_control(tmp_path: Path)
                              "--tasks", "grid_lookup", "grid_placement", "grid_lookup_shuffled"]) == 0
     md = (out / "results.md").read_text()
     assert "### grid_placement (16 classes, chance 6.2)" in md and "| rope2d+linear |" in md
-    trained = sum(json.loads((tmp_path / "runs" / task / "results.json").read_text())["schemes"][name]["train"]["seconds"]
-                  for task in ("grid_lookup", "grid_placement") for name in ("rope2d", "nope"))  # fmt: skip
-    trained += json.loads((tmp_path / "runs" / "grid_lookup_shuffled" / "results.json").read_text())["schemes"][
-        "rope2d"]["train"]["seconds"]  # fmt: skip
+    def seconds(task: str, name: str) -> float:
+        return json.loads((tmp_path / "runs" / task / "results.json").read_text())["schemes"][name]["train"]["seconds"]
+
+    trained = sum(seconds(t, n) for t in ("grid_lookup", "grid_placement") for n in ("rope2d", "nope"))
+    trained += seconds("grid_lookup_shuffled", "rope2d")
     assert f"as recorded when each was trained: {trained / 60:.1f} min)" in md
     control = md.split("### grid_lookup_shuffled")[1].split("##")[0]
     assert "| rope2d |" in control and "| nope |" not in control  # the control trains --control-schemes only
