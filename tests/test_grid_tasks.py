@@ -207,7 +207,8 @@ def test_tiny_quick_config_reports_across_tasks_with_the_control(tmp_path: Path)
     control = md.split("### grid_lookup_shuffled")[1].split("##")[0]
     assert "| rope2d |" in control and "| nope |" not in control  # the control trains --control-schemes only
     headline = md.split("## headline")[1]
-    assert "lookup 16x16" in headline and "placement 8x8" in headline and "lookup_shuffled" not in headline
+    assert "| lookup 8 / 16 |" in headline and "placement 8 / 16 |" in headline and "lookup_shuffled" not in headline
+    assert "| chance | 25.0 | 6.2 |" in headline
     saved = json.loads((out / "results.json").read_text())
     assert set(saved) == {"grid_lookup", "grid_placement", "grid_lookup_shuffled"}
     assert saved["grid_placement"]["sizes"] == [32, 64] and (out / "accuracy.png").stat().st_size > 0

@@ -114,14 +114,17 @@ def format_report(results: dict[str, RunResult], command: str, seconds: float) -
     tasks = [t for t in results if t not in CONTROLS]
     if "canvas" in first.protocols and tasks:
         sizes = first.sizes
-        top = [s for s in sizes if s != first.train_size][-2:]  # 2x and 4x
-        cols = [f"{t.removeprefix('grid_')} {s // GLYPH}x{s // GLYPH}" for t in tasks for s in [first.train_size, *top]]
-        lines += ["## headline: canvas, training grid and the two largest grids", "",
-                  "| scheme | " + " | ".join(cols) + " |", "| --- |" + " ---: |" * len(cols)]
+        shown = [first.train_size, *[s for s in sizes if s != first.train_size][-2:]]  # training, 2x and 4x
+        grids = " / ".join(str(s // GLYPH) for s in shown)
+        cols = [f"{t.removeprefix('grid_')} {grids}" for t in tasks]
+        lines += ["## headline: canvas, the training grid and the two largest grids (cells per side)", "",
+                  "| scheme | " + " | ".join(cols) + " |", "| --- |" + " --- |" * len(cols)]
         for name in first.schemes:
-            cells = [_cell(results[t], name, "canvas", s) if name in results[t].schemes else "–"
-                     for t in tasks for s in [first.train_size, *top]]
+            cells = [" / ".join(_cell(results[t], name, "canvas", s) for s in shown) if name in results[t].schemes
+                     else "–" for t in tasks]  # fmt: skip
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        chance = [f"{100.0 / len(classes_of(t)):.1f}" for t in tasks]
+        lines.append("| chance | " + " | ".join(chance) + " |")
         lines.append("")
     return "\n".join(lines)
 
