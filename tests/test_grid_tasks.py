@@ -212,3 +212,22 @@ def test_tiny_quick_config_reports_across_tasks_with_the_control(tmp_path: Path)
     saved = json.loads((out / "results.json").read_text())
     assert set(saved) == {"grid_lookup", "grid_placement", "grid_lookup_shuffled"}
     assert saved["grid_placement"]["sizes"] == [32, 64] and (out / "accuracy.png").stat().st_size > 0
+
+
+def test_parallel_jobs_train_the_same_models_as_one_process(tmp_path: Path) -> None:
+    """``--jobs 2`` trains each task in a process of its own; the report (reusing those runs) holds the same
+    accuracies as a sequential run, and names the option in its command."""
+    tiny = ["data.train_per_class=8", "data.val_per_class=2", "train.batch_size=16", "train.epochs=1",
+            "eval.scales=[1,2]", "model.depth=1", "model.embed_dim=16", "schemes=[rope2d,nope]"]  # fmt: skip
+    reports = {}
+    for jobs in (1, 2):
+        out = tmp_path / f"report{jobs}"
+        args = ["--config", "configs/grid_tasks_quick.yaml", "--tasks", "grid_lookup", "grid_direction", "--out",
+                str(out), "--quiet", "--jobs", str(jobs), f"out_dir={tmp_path / f'runs{jobs}'}", *tiny]  # fmt: skip
+        assert grid_report.main(args) == 0
+        reports[jobs] = json.loads((out / "results.json").read_text())
+    for task in ("grid_lookup", "grid_direction"):
+        for name in ("rope2d", "nope"):
+            assert reports[2][task]["schemes"][name]["accuracy"] == reports[1][task]["schemes"][name]["accuracy"]
+    assert "--jobs 2" in (tmp_path / "report2" / "results.md").read_text()
+    assert grid_report.main(["--config", "configs/grid_tasks_quick.yaml", "--jobs", "0"]) == 2

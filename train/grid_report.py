@@ -4,7 +4,8 @@ then one report across the tasks.
 Each task is the config with ``data.dataset`` set to it, run by the trainer as any other config (its run
 folder ``runs/<name>/<task>`` holds the usual results.md, results.json, accuracy.png and checkpoints; a
 rerun reuses finished schemes). The shuffled-label control runs the lookup images with permuted training
-labels, for the entries named by ``--control-schemes`` only. The report (``--out``) holds results.md (the
+labels, for the entries named by ``--control-schemes`` only. ``--jobs N`` trains N tasks at once, each in
+a process of its own (one core each with the configs' ``threads: 1``). The report (``--out``) holds results.md (the
 task x scheme table per protocol, at every evaluation grid), results.json (every task's results) and
 accuracy.png (accuracy against grid size, one panel per task, one row per protocol).
 """
@@ -15,8 +16,11 @@ import argparse
 import json
 import shlex
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from .config import ConfigError, load_config
@@ -37,8 +41,33 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                    help="entries trained on a control task (default: rope2d, which learns the lookup)")
     p.add_argument("--out", default=None, help="report folder (default: the run folder runs/<name>)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="train the tasks in this many processes at once (one core each at threads: 1), then report")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides for every task")
     return p.parse_args(argv)
+
+
+# the longest tasks first, so that parallel jobs finish together (counting trains on twice the images)
+COST_ORDER: tuple[str, ...] = ("grid_count", "grid_lookup", "grid_direction", "grid_placement", *CONTROLS)
+
+
+def run_parallel(args: argparse.Namespace) -> None:
+    """Train every task of ``args`` in ``args.jobs`` processes at once (``python -m train.grid_report`` on one
+    task each, its report in a scratch folder); each task's runs land in its run folder, where the report
+    that follows reuses them. Raises if a task fails, naming it and the end of its output."""
+    order = sorted(args.tasks, key=COST_ORDER.index)
+
+    def one(task: str) -> tuple[str, subprocess.CompletedProcess]:
+        with tempfile.TemporaryDirectory() as scratch:
+            words = [sys.executable, "-m", "train.grid_report", "--config", args.config, "--tasks", task,
+                     "--control-schemes", *args.control_schemes, "--out", scratch, "--quiet", *args.overrides]
+            return task, subprocess.run(words, capture_output=True, text=True)  # fmt: skip
+
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        for task, done in pool.map(one, order):
+            if done.returncode != 0:
+                raise ConfigError(f"task {task} failed (exit {done.returncode}): {done.stderr.strip()[-2000:]}")
+            print(f"{task}: trained", flush=True)
 
 
 def run_tasks(args: argparse.Namespace) -> tuple[dict[str, RunResult], Path]:
@@ -179,7 +208,13 @@ def plot(results: dict[str, RunResult], path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     start = time.time()
+    if args.jobs < 1:
+        print(f"error: --jobs must be at least 1, got {args.jobs}", file=sys.stderr)
+        return 2
     try:
+        if args.jobs > 1:
+            load_config(args.config, args.overrides)  # a bad config fails here, before any process starts
+            run_parallel(args)
         results, run_dir = run_tasks(args)
     except (ConfigError, DataError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -187,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out) if args.out else run_dir
     out.mkdir(parents=True, exist_ok=True)
     words = ["python -m train.grid_report --config", args.config, *(["--out", args.out] if args.out else []),
-             *args.overrides]
+             *([f"--jobs {args.jobs}"] if args.jobs > 1 else []), *args.overrides]
     md = format_report(results, " ".join(words), time.time() - start)
     (out / "results.md").write_text(md)
     (out / "results.json").write_text(json.dumps({t: r.to_json() for t, r in results.items()}, indent=1))
