@@ -21,7 +21,7 @@ from torch.nn.attention.flex_attention import create_block_mask
 from ._state import decode, encode
 from ._validate import check_grid
 from .attention import FlexBias, as_float_mask, combine_masks, offset_score_mod
-from .encodings.relbias import bias_mask, prefixed_offset_index
+from .encodings.relbias import bias_mask, prefixed_offset_index, with_prefix_entries
 from .encodings.rope import Rotary
 from .encodings.rope_scaling import RopeScaling
 from .ragged import QueryScaled, RaggedLayout, concat_rotations, ragged_conditional, ragged_layout
@@ -237,8 +237,13 @@ class Positions(nn.Module):
             return concat_rotations(rows).take(layout.table_index(p))
         if ctx.bias_index is None:  # FlexAttention was set, but this layer runs SDPA (CPU training)
             ctx.bias_index = layout.offset_index()
-        values = torch.cat([module.offset_bias(size, ctx.device).flatten(1) for size in layout.sizes], dim=1)
-        return bias_mask(values, getattr(module, "prefix_bias", None), ctx.bias_index).transpose(0, 1)
+        return bias_mask(self._size_offsets(module, ctx), getattr(module, "prefix_bias", None), ctx.bias_index
+                         ).transpose(0, 1)  # fmt: skip
+
+    @staticmethod
+    def _size_offsets(module: nn.Module, ctx: PositionContext) -> torch.Tensor:
+        """A ragged batch's per-offset bias values [heads, sum over sizes of (2H-1)(2W-1)], sizes in turn."""
+        return torch.cat([module.offset_bias(size, ctx.device).flatten(1) for size in ctx.ragged.sizes], dim=1)
 
     def _with_prefix(self, bias: torch.Tensor, module: nn.Module) -> torch.Tensor:
         """Patch bias [heads, HW, HW] -> [heads, P + HW, P + HW], for a bias scheme without ``offset_bias``.
@@ -423,12 +428,11 @@ class Positions(nn.Module):
         if layout is None:
             return FlexBias(offset_score_mod(module.offset_bias(ctx.grid, ctx.device), ctx.grid, self.num_prefix_tokens,
                                              entries))  # fmt: skip
-        values = torch.cat([module.offset_bias(size, ctx.device).flatten(1) for size in layout.sizes], dim=1)
-        extra = values.new_zeros(values.shape[0], 3) if entries is None else entries.T.to(values.dtype)
+        values = with_prefix_entries(self._size_offsets(module, ctx), entries)
         if ctx.block_mask is None and not layout.one_image_per_row():  # built once, shared by every layer
             b, t = layout.image.shape
             ctx.block_mask = create_block_mask(layout.flex_mask_mod(), b, None, t, t, device=ctx.device)
-        return FlexBias(layout.flex_score_mod(torch.cat((values, extra), dim=1)), ctx.block_mask)
+        return FlexBias(layout.flex_score_mod(values), ctx.block_mask)
 
     def _combined(self, out: Rotary | torch.Tensor, user: torch.Tensor | None) -> Rotary | torch.Tensor:
         """A bias mask plus the caller's mask (a rotation is returned as it is)."""

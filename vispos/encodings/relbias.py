@@ -72,10 +72,15 @@ def prefixed_offset_index(
 def bias_mask(per_offset: torch.Tensor, entries: torch.Tensor | None, index: torch.Tensor) -> torch.Tensor:
     """Per-offset values [heads, 2H-1, 2W-1] and prefix entries [3, heads] (None: zero) gathered by a
     ``prefixed_offset_index`` into the bias of every token pair, [heads, P+HW, P+HW]."""
-    heads = per_offset.shape[0]
-    extra = per_offset.new_zeros(heads, 3) if entries is None else entries.T.to(per_offset.dtype)
-    values = torch.cat((per_offset.flatten(1), extra), dim=1)
-    return values.index_select(1, index.flatten()).view(heads, *index.shape)
+    values = with_prefix_entries(per_offset, entries)
+    return values.index_select(1, index.flatten()).view(per_offset.shape[0], *index.shape)
+
+
+def with_prefix_entries(per_offset: torch.Tensor, entries: torch.Tensor | None) -> torch.Tensor:
+    """Per-offset values [heads, ...] and prefix entries [3, heads] (None: zero) -> [heads, V + 3], the table
+    a ``prefixed_offset_index`` (or a ragged batch's offset index) reads."""
+    extra = per_offset.new_zeros(per_offset.shape[0], 3) if entries is None else entries.T.to(per_offset.dtype)
+    return torch.cat((per_offset.flatten(1), extra), dim=1)
 
 
 def resize_bias_table(table: torch.Tensor, old_grid: tuple[int, int], new_grid: tuple[int, int]) -> torch.Tensor:
