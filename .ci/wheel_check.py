@@ -3,7 +3,7 @@
 Run with the interpreter of a clean environment the wheel was installed into (`make wheel-check`): the
 wheel holds the `vispos` package only (no `train`, no `benchmarks`), declares its license as an SPDX
 expression and one console script; the installed package is the wheel's, not the checkout; and README's
-quick start (its first Python block) runs there.
+Quick start (the Python block under its "## Quick start" heading) runs there.
 """
 
 from __future__ import annotations
@@ -30,6 +30,16 @@ def check_contents(wheel: Path) -> None:
     print(f"{wheel.name}: {len(names)} files, top level: vispos/ and {dist_info}/; License-Expression: MIT")
 
 
+def quick_start(readme: str) -> str:
+    """The code of README's Quick start: the first Python block of its "## Quick start" section."""
+    sections = re.split(r"^## ", readme, flags=re.M)
+    section = next((s for s in sections if s.startswith("Quick start\n")), None)
+    blocks = re.findall(r"```python\n(.*?)```", section or "", flags=re.S)
+    if not blocks:
+        sys.exit('README has no Python block under a "## Quick start" heading')
+    return blocks[0]
+
+
 def check_installed(readme: Path) -> None:
     for name in ("train", "benchmarks"):
         if importlib.util.find_spec(name) is not None:
@@ -39,8 +49,8 @@ def check_installed(readme: Path) -> None:
     where = Path(vispos.__file__).resolve()
     if Path(sys.prefix).resolve() not in where.parents:
         sys.exit(f"vispos was imported from {where}, not from the wheel installed in {sys.prefix}")
-    quick_start = re.findall(r"```python\n(.*?)```", readme.read_text(), flags=re.S)[0]
-    exec(compile(quick_start, f"{readme} quick start", "exec"), {"__name__": "__quick_start__"})
+    code = quick_start(readme.read_text())
+    exec(compile(code, f"{readme} quick start", "exec"), {"__name__": "__quick_start__"})
     print(f"README quick start ran with vispos {vispos.__version__} from {where.parent}")
 
 

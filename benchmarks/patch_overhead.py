@@ -28,7 +28,7 @@ from torch import nn
 
 import vispos
 from vispos.diagnostics.kernels import sdpa_kernels
-from vispos.encodings.rotary_nd import fold_string
+from vispos.encodings.string import fold_string
 
 MODEL = "vit_small_patch16_224"
 

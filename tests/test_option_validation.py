@@ -39,12 +39,15 @@ BAD: dict[str, list[object]] = {
     "shift_coords": [-0.1, *NUMBER],
     "jitter_coords": [0.5, -1.0, *NUMBER],
     "rescale_coords": [0.5, -2.0, *NUMBER],
+    "min_freq": POSITIVE,
+    "max_freq": POSITIVE,
+    "zero_freqs": [-0.1, 1.5, *NUMBER, None],
     # counts
     "hidden": COUNT,
     "max_len": COUNT,
     "max_distance": COUNT,
     "num_buckets": COUNT,
-    "block_size": COUNT,
+    "block_size": COUNT[:-1],  # liere2d: None = the head dimension (dense)
     "kernel_size": [*COUNT, 2],  # odd only: the grid keeps its size
     "after": [-1, 2.5, 1.0, True, "0", None],  # a block index: an int >= 0
     # choices
@@ -58,8 +61,11 @@ BAD: dict[str, list[object]] = {
     "variant": CHOICE,
     "freqs": CHOICE,
     "preset": CHOICE[:-1],  # None: no preset
+    "spacing": CHOICE,
     # flags
     "factorized": FLAG,
+    "per_head": FLAG,
+    "per_layer": FLAG,
     "prefix_entries": FLAG,
     "rotate": FLAG,
     "values": FLAG,

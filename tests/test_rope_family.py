@@ -5,7 +5,8 @@
   commuting L_i, and folding P^T into the q/k projections leaves a model's outputs unchanged;
 - ComRoPE (AP, LD) and LieRE: block rotations equal ``torch.linalg.matrix_exp`` of the published
   generator sums; ComRoPE's generators commute and its logits are relative, LieRE's do neither;
-- ``ropend``: the presets' channel splits, per-axis scaling, and on two axes exactly ``rope2d``.
+- ``ropend``: the presets' channel splits, per-axis scaling, and on two axes ``rope2d`` (the presets
+  against each model's code: ``tests/test_ropend_presets.py``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import vispos
 from vispos.diagnostics import cross_term, layer_logits, scheme_logits, translation_error
 from vispos.encodings.comrope import axis_partition_mask
 from vispos.encodings.rope2d import grid_coords
-from vispos.encodings.rotary_nd import GOLDEN_ANGLE, axial_freqs, fold_string, golden_freqs, skew_part
+from vispos.encodings.rotary_nd import GOLDEN_ANGLE, axial_freqs, golden_freqs
+from vispos.encodings.string import fold_string, skew_part
 
 GRID = (5, 7)
 HEADS, HEAD_DIM, EMBED = 4, 16, 64
@@ -84,7 +86,7 @@ def xy(grid: tuple[int, int], coords: str) -> torch.Tensor:
 
 
 def test_golden_frequencies_follow_the_golden_angle() -> None:
-    f = golden_freqs(HEAD_DIM, 100.0)  # [2, d/2]
+    f = golden_freqs(HEAD_DIM, theta=100.0, spacing="golden_angle")[0]  # [2, d/2]: one head
     j = torch.arange(HEAD_DIM // 2, dtype=torch.float64)
     mag = 100.0 ** (-2 * j / HEAD_DIM)
     torch.testing.assert_close(f.double().norm(dim=0), mag, rtol=1e-6, atol=0)
@@ -113,6 +115,7 @@ def test_axial_linear_map_is_rope2d(layout: str) -> None:
         ("string2d", {}, False),
         ("string2d", {"freqs": "golden"}, False),
         ("string2d", {"freqs": "axial"}, True),  # axial RoPE in any basis: x pairs and y pairs stay apart
+        ("string2d", {"variant": "circulant"}, False),
         ("comrope2d", {"variant": "ap"}, True),  # each block turns with one axis
         ("comrope2d", {"variant": "ld"}, False),
         ("rope2d", {}, True),
@@ -233,7 +236,9 @@ def published_generators(name: str, enc: nn.Module) -> torch.Tensor:
     return gens
 
 
-VARIANTS = [("liere2d", {}), ("comrope2d", {"variant": "ap"}), ("comrope2d", {"variant": "ld"})]
+# LieRE in its block form per head (its defaults, dense and shared: tests/test_liere_comrope_sources.py)
+LIERE_BLOCKS = {"block_size": 4, "per_head": True}
+VARIANTS = [("liere2d", LIERE_BLOCKS), ("comrope2d", {"variant": "ap"}), ("comrope2d", {"variant": "ld"})]
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -268,7 +273,7 @@ def test_comrope_generators_commute_and_its_logits_are_relative_but_liere_neithe
         enc = build("comrope2d", seed, variant=variant)
         assert commutator(enc.generators().detach()).max() < 1e-6, variant
         assert translation_error(logits(enc, seed), GRID).max() < FP, variant
-    liere = build("liere2d", seed)
+    liere = build("liere2d", seed, **LIERE_BLOCKS)
     assert commutator(liere.generators().detach()).min() > CLEAR
     assert translation_error(logits(liere, seed), GRID).min() > CLEAR  # LieRE is not exactly relative
 
@@ -290,7 +295,7 @@ def test_breaking_commutativity_breaks_the_relative_property(seed: int) -> None:
 
 def test_liere_generators_that_commute_make_it_relative() -> None:
     """LieRE is relative exactly when its generators commute: y generators a multiple of the x ones."""
-    enc = build("liere2d", 0)
+    enc = build("liere2d", 0, **LIERE_BLOCKS)
     with torch.no_grad():
         enc.raw[:, 1] = 0.5 * enc.raw[:, 0]
     assert commutator(enc.generators().detach()).max() < 1e-6
@@ -323,19 +328,27 @@ def test_bad_options_are_refused(name: str, options: dict, match: str) -> None:
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
 @pytest.mark.parametrize("coords", ["pixel", "normalized"])
 def test_ropend_on_two_axes_is_rope2d(layout: str, coords: str) -> None:
-    """(y, x) coordinates, half the channels per axis, the same theta: bit-equal to rope2d(axes='yx')."""
+    """(y, x) coordinates, half the channels per axis, the same theta: bit-equal to rope2d(axes='yx') with
+    interleaved pairs; with ``half`` (pairs inside each axis's section) the same after gathering rope2d's
+    channels of each axis together ([y pairs | their partners | x pairs | their partners])."""
     theta = 100.0
     split = (HEAD_DIM // 2, HEAD_DIM // 2)
     nd = vispos.create_encoding("ropend", dim=HEAD_DIM, split=split, theta=theta, layout=layout)
     axial = vispos.create_encoding("rope2d", dim=HEAD_DIM, theta=theta, layout=layout, axes="yx", coords=coords)
     yx = grid_coords(GRID, coords) * (2 * math.pi if coords == "normalized" else 1.0)  # DINOv3's 2 pi x coordinate
+    q = HEAD_DIM // 4
+    order = torch.arange(HEAD_DIM) if layout == "interleaved" else torch.cat(
+        [torch.arange(q), torch.arange(q) + 2 * q, torch.arange(q) + q, torch.arange(q) + 3 * q]
+    )  # fmt: skip
     got, want = nd.rotary(yx), axial(GRID)
-    assert torch.equal(got.cos, want.cos) and torch.equal(got.sin, want.sin)
+    assert torch.equal(got.cos, want.cos[..., order]) and torch.equal(got.sin, want.sin[..., order])
+    x = content(0, 1, 1, GRID[0] * GRID[1], HEAD_DIM)
+    torch.testing.assert_close(got.rotate(x, x)[0], want.rotate(x[..., order.argsort()], x)[0][..., order])
     ids = vispos.create_encoding("ropend", dim=HEAD_DIM, split=(8, 8), theta=theta, layout=layout)
     yy, xx = torch.meshgrid(torch.arange(GRID[0]), torch.arange(GRID[1]), indexing="ij")
     if coords == "pixel":  # integer ids [2, N] through forward, as a 1D host hands them over
         out = ids(torch.stack((yy.flatten(), xx.flatten())))
-        assert torch.equal(out.cos, want.cos) and torch.equal(out.sin, want.sin)
+        assert torch.equal(out.cos, got.cos) and torch.equal(out.sin, got.sin)
 
 
 def test_ropend_presets_split_the_head_as_published() -> None:
@@ -345,13 +358,12 @@ def test_ropend_presets_split_the_head_as_published() -> None:
     assert hunyuan.split == (16, 56, 56) and hunyuan.theta == 256.0
     vjepa = vispos.create_encoding("ropend", dim=64, preset="vjepa2")
     assert vjepa.split == (20, 20, 20)  # 2 * ((64 // 3) // 2) each; 4 channels unrotated
-    ids = torch.randint(0, 9, (3, 11))
+    ids = torch.randint(1, 9, (3, 11))
     rot = vjepa(ids)
     x = content(0, 1, 1, 11, 64)
     rx, _ = rot.rotate(x, x)
-    torch.testing.assert_close(rx[..., 30:32], x[..., 30:32], rtol=0, atol=0)  # half layout: pairs 30, 31
-    torch.testing.assert_close(rx[..., 62:], x[..., 62:], rtol=0, atol=0)  # and their partners 62, 63
-    assert (rx[..., :30] - x[..., :30]).abs().max() > CLEAR
+    torch.testing.assert_close(rx[..., 60:], x[..., 60:], rtol=0, atol=0)  # the channels after the sections
+    assert (rx[..., :60] - x[..., :60]).abs().amax(dim=(0, 1, 2)).min() > 0  # every sectioned channel turns
 
 
 @pytest.mark.parametrize("seed", SEEDS)

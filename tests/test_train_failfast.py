@@ -94,6 +94,23 @@ READ_TIME_ERRORS = [
     ({"model": {"depth": 0}}, r"model\.depth must be >= 1"),
     ({"threads": 0}, r"threads must be >= 1"),
     ({"debug": {"stop_after_steps": 0}}, r"debug\.stop_after_steps must be >= 1"),
+    # timm rates through model.kwargs (timm's PatchDropout asserts without a message)
+    ({"model": {"kwargs": {"patch_drop_rate": 1.5}}},
+     r"model\.kwargs\.patch_drop_rate must be a number in \[0, 1\), got 1\.5"),
+    ({"model": {"kwargs": {"attn_drop_rate": -0.1}}}, r"model\.kwargs\.attn_drop_rate must be a number in \[0, 1\)"),
+    # a grid task drawn at an evaluation grid its rule cannot draw (canvas protocol), or trained on one
+    ({"data": {"dataset": "grid_lookup", "img_size": 32}, "eval": {"sizes": [12, 32]}},
+     r"eval size 12 px .*grid_lookup needs a grid larger than its offsets \[\(2, 2\), \(-1, 3\)\]: at least 4 x 4 "
+     r"cells \(16 px\), got 12 px \(3 x 3 cells\)"),
+    ({"data": {"dataset": "grid_lookup_shuffled", "img_size": 32}, "eval": {"sizes": None, "scales": [0.25, 1]}},
+     r"eval size 8 px .*grid_lookup_shuffled needs a grid larger than its offsets"),
+    ({"data": {"dataset": "grid_direction", "img_size": 32}, "eval": {"sizes": [4]}},
+     r"eval size 4 px .*grid_direction needs two distinct cells .*got 4 px \(1 x 1 cells\)"),
+    ({"data": {"dataset": "grid_placement", "img_size": 32}, "eval": {"sizes": [12]}},
+     r"grid_placement needs one cell per region \(4 per axis\): at least 4 x 4 cells"),
+    ({"data": {"dataset": "grid_count", "img_size": 8}}, r"data\.img_size: grid_count needs a marker's 8 neighbours"),
+    ({"data": {"dataset": "grid_count", "img_size": 24}, "eval": {"sizes": [24, 30]}, "model": {"patch_size": 6}},
+     r"eval size 30 px .*grid tasks draw 4 px cells, so image sizes are positive multiples of 4 px, got 30"),
 ]
 
 
@@ -101,6 +118,13 @@ READ_TIME_ERRORS = [
 def test_config_errors_are_found_when_the_config_is_read(sections: dict[str, Any], match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         config_from_dict(_merge(TINY, sections))
+
+
+def test_a_grid_task_evaluated_by_resizing_only_may_go_below_its_grid() -> None:
+    """The resize protocol resizes the training images (nothing drawn at the evaluation grid)."""
+    cfg = config_from_dict(_merge(TINY, {"data": {"dataset": "grid_lookup", "img_size": 32},
+                                         "eval": {"sizes": [12, 32], "protocols": ["resize"]}}))
+    assert cfg.eval.sizes == [12, 32]
 
 
 def test_reading_a_config_leaves_the_global_rng_alone() -> None:

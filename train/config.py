@@ -279,6 +279,14 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
     return cfg
 
 
+# timm ViT / Eva rates passed through model.kwargs, each a probability in [0, 1) (timm asserts some without a message)
+TIMM_RATES: tuple[str, ...] = ("patch_drop_rate", "pos_drop_rate", "proj_drop_rate", "attn_drop_rate")
+
+
+def _rate(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1
+
+
 def _validate_ranges(cfg: ExperimentConfig) -> None:
     """Every number that has a meaningful range, checked against it (NaN fails every check)."""
     t, m, d, e, f, dbg = cfg.train, cfg.model, cfg.data, cfg.eval, cfg.finetune, cfg.debug
@@ -300,6 +308,8 @@ def _validate_ranges(cfg: ExperimentConfig) -> None:
         ("model.mlp_ratio", m.mlp_ratio, positive_or_null(m.mlp_ratio), "> 0, or null (the model's own)"),
         ("model.drop_rate", m.drop_rate, 0 <= m.drop_rate < 1, "in [0, 1)"),
         ("model.drop_path_rate", m.drop_path_rate, 0 <= m.drop_path_rate < 1, "in [0, 1)"),
+        *((f"model.kwargs.{k}", m.kwargs[k], _rate(m.kwargs[k]), "a number in [0, 1)") for k in TIMM_RATES
+          if m.kwargs.get(k) is not None),
         ("data.crop_pct", d.crop_pct, 0 < d.crop_pct <= 1, "in (0, 1]"),
         ("data.workers", d.workers, d.workers >= 0, ">= 0"),
         ("eval.scales", e.scales, e.scales is None or all(s > 0 for s in e.scales), "numbers > 0"),
@@ -403,8 +413,28 @@ def config_from_dict(data: Any) -> ExperimentConfig:
     cfg = validate(schema.from_dict(ExperimentConfig, data, "", HOOKS))
     from .models import preflight  # models imports this module
 
-    preflight(cfg)
+    _validate_grid_task(cfg, preflight(cfg))
     return cfg
+
+
+def _validate_grid_task(cfg: ExperimentConfig, patch: int) -> None:
+    """A grid task's training size and, with the canvas protocol (which draws the task afresh at each
+    evaluation size), every evaluation size: whole cells, and at least the grid the task's rule needs."""
+    from .data import DataError  # data imports this module
+    from .grid_tasks import GRID_TASKS, grid_of
+
+    d = cfg.data
+    if d.dataset not in GRID_TASKS:
+        return
+    from .accuracy import eval_sizes  # accuracy -> loaders -> this module
+
+    try:
+        grid_of(d.img_size, "data.img_size", d.dataset)
+        if "canvas" in cfg.eval.protocols:
+            for size in eval_sizes(cfg.eval, d.img_size, patch):
+                grid_of(size, f"eval size {size} px (the canvas protocol draws {d.dataset} at it)", d.dataset)
+    except DataError as err:
+        raise ConfigError(str(err)) from None
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:

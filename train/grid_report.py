@@ -19,9 +19,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
+from typing import Any
 
 from .config import ConfigError, load_config
 from .data import DataError
@@ -33,18 +36,47 @@ TASKS: tuple[str, ...] = ("grid_lookup", "grid_direction", "grid_placement", "gr
 PROTOCOL_ORDER = ("canvas", "resize")
 
 
+class _NamesAndOverrides(argparse.Action):
+    """``--tasks`` / ``--control-schemes``: names, up to the next option; a ``KEY=VALUE`` word among them is a
+    config override (names never hold ``=``), kept for the overrides instead of being read as a name."""
+
+    def __init__(self, *args: Any, accepted: tuple[str, ...] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.accepted = accepted  # the names allowed (None: any)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:  # fmt: skip
+        names = [v for v in values if "=" not in v]
+        namespace.moved_overrides = [*getattr(namespace, "moved_overrides", []), *(v for v in values if "=" in v)]
+        if not names:
+            raise argparse.ArgumentError(self, "expected at least one name before the KEY=VALUE overrides")
+        unknown = [n for n in names if self.accepted is not None and n not in self.accepted]
+        if unknown:
+            raise argparse.ArgumentError(self, f"unknown {', '.join(unknown)}; accepted: {', '.join(self.accepted)}")
+        setattr(namespace, self.dest, names)
+
+
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m train.grid_report", description=__doc__.split("\n\n")[0])
     p.add_argument("--config", required=True, help="YAML experiment config (configs/grid_tasks*.yaml)")
-    p.add_argument("--tasks", nargs="+", default=[*TASKS, *CONTROLS], choices=[*TASKS, *CONTROLS])
-    p.add_argument("--control-schemes", nargs="+", default=["rope2d"],
+    tasks = [*TASKS, *CONTROLS]
+    p.add_argument("--tasks", nargs="+", default=tasks, action=_NamesAndOverrides, accepted=tasks,
+                   metavar="TASK",
+                   help=f"tasks to run (default: all; accepted: {', '.join(tasks)})")
+    p.add_argument("--control-schemes", nargs="+", default=["rope2d"], action=_NamesAndOverrides, metavar="ENTRY",
                    help="entries trained on a control task (default: rope2d, which learns the lookup)")
     p.add_argument("--out", default=None, help="report folder (default: the run folder runs/<name>)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--jobs", type=int, default=1,
                    help="train the tasks in this many processes at once (one core each at threads: 1), then report")
-    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides for every task")
-    return p.parse_args(argv)
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                   help="config overrides for every task (anywhere on the line, also after --tasks)")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = p.parse_intermixed_args(argv)
+    # the overrides in the order written (a later one wins), wherever they stood
+    args.overrides = sorted([*args.overrides, *getattr(args, "moved_overrides", [])], key=argv.index)
+    vars(args).pop("moved_overrides", None)
+    return args
 
 
 # the longest tasks first, so that parallel jobs finish together (counting trains on twice the images)
@@ -54,20 +86,34 @@ COST_ORDER: tuple[str, ...] = ("grid_count", "grid_lookup", "grid_direction", "g
 def run_parallel(args: argparse.Namespace) -> None:
     """Train every task of ``args`` in ``args.jobs`` processes at once (``python -m train.grid_report`` on one
     task each, its report in a scratch folder); each task's runs land in its run folder, where the report
-    that follows reuses them. Raises if a task fails, naming it and the end of its output."""
+    that follows reuses them. Prints each task's start, the trainer's progress lines as they come (prefixed
+    with the task) and its end. Raises if a task fails, naming it and the end of its output."""
     order = sorted(args.tasks, key=COST_ORDER.index)
+    lock = threading.Lock()
 
-    def one(task: str) -> tuple[str, subprocess.CompletedProcess]:
+    def say(line: str) -> None:
+        with lock:
+            print(line, flush=True)
+
+    def one(task: str) -> tuple[str, int, list[str]]:
         with tempfile.TemporaryDirectory() as scratch:
-            words = [sys.executable, "-m", "train.grid_report", "--config", args.config, "--tasks", task,
+            words = [sys.executable, "-u", "-m", "train.grid_report", "--config", args.config, "--tasks", task,
                      "--control-schemes", *args.control_schemes, "--out", scratch, "--quiet", *args.overrides]
-            return task, subprocess.run(words, capture_output=True, text=True)  # fmt: skip
+            say(f"{task}: training in a process of its own")
+            tail: deque[str] = deque(maxlen=40)
+            with subprocess.Popen(words, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+                for line in proc.stdout:
+                    tail.append(line.rstrip("\n"))
+                    if line.startswith("["):  # the trainer's lines: "[entry] epoch ...", "[entry] accuracy ..."
+                        say(f"{task}: {line.rstrip()}")
+            return task, proc.returncode, list(tail)
 
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        for task, done in pool.map(one, order):
-            if done.returncode != 0:
-                raise ConfigError(f"task {task} failed (exit {done.returncode}): {done.stderr.strip()[-2000:]}")
-            print(f"{task}: trained", flush=True)
+        for done in as_completed([pool.submit(one, task) for task in order]):
+            task, code, tail = done.result()
+            if code != 0:
+                raise ConfigError(f"task {task} failed (exit {code}): " + "\n".join(tail)[-2000:])
+            say(f"{task}: trained")
 
 
 def run_tasks(args: argparse.Namespace) -> tuple[dict[str, RunResult], Path]:

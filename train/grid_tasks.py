@@ -91,9 +91,6 @@ def _distractors(rng: np.random.Generator, cells: Cells, free: np.ndarray) -> No
 def lookup_cells(rng: np.random.Generator, labels: np.ndarray, grid: int) -> Cells:
     """Every cell a content glyph; one marker; the glyph at the marker's offset is CONTENT[label]."""
     n = len(labels)
-    if grid <= max(max(abs(dy), abs(dx)) for dy, dx in LOOKUP_OFFSETS.values()):
-        raise DataError(f"grid_lookup needs a grid larger than its offsets {list(LOOKUP_OFFSETS.values())}, "
-                        f"got {grid} x {grid} cells")
     cells = np.asarray(CONTENT)[rng.integers(0, len(CONTENT), (n, grid, grid))]
     markers = np.asarray(list(LOOKUP_OFFSETS))[rng.integers(0, len(LOOKUP_OFFSETS), n)]
     off = np.asarray([LOOKUP_OFFSETS[m] for m in markers.tolist()]).reshape(n, 2)  # [N, 2] (dy, dx)
@@ -139,8 +136,6 @@ def region_of(index: np.ndarray, grid: int, regions: int) -> np.ndarray:
 def placement_cells(rng: np.random.Generator, labels: np.ndarray, grid: int) -> Cells:
     """One solid marker in region ``label`` (row-major over PLACEMENT_REGIONS^2); sparse distractors."""
     r = PLACEMENT_REGIONS
-    if grid < r:
-        raise DataError(f"grid_placement needs at least {r} x {r} cells (one per region), got {grid} x {grid}")
     n = len(labels)
     axis_region = region_of(np.arange(grid), grid, r)  # [G]
     start = np.searchsorted(axis_region, np.arange(r))  # first cell of each region (regions are contiguous)
@@ -159,8 +154,6 @@ def placement_cells(rng: np.random.Generator, labels: np.ndarray, grid: int) -> 
 def count_cells(rng: np.random.Generator, labels: np.ndarray, grid: int) -> Cells:
     """One solid marker, ``label`` content glyphs within COUNT_RADIUS of it, distractors only beyond."""
     n = len(labels)
-    if grid < 3:
-        raise DataError(f"grid_count needs at least 3 x 3 cells, got {grid} x {grid}")
     at = rng.integers(0, grid, (n, 2))  # [N, 2] marker (y, x)
     ys, xs = np.meshgrid(np.arange(grid), np.arange(grid), indexing="ij")  # [G, G]
     d2 = (ys[None] - at[:, 0, None, None]) ** 2 + (xs[None] - at[:, 1, None, None]) ** 2  # [N, G, G]
@@ -189,6 +182,14 @@ _TASKS: dict[str, tuple[list[str], Callable[[np.random.Generator, np.ndarray, in
                        placement_cells),
     "grid_count": ([str(k) for k in range(COUNT_MAX + 1)], count_cells),
 }
+# the smallest grid each rule can draw at, and why (checked when a config is read and before drawing)
+MIN_GRID: dict[str, tuple[int, str]] = {
+    "grid_lookup": (max(max(abs(dy), abs(dx)) for dy, dx in LOOKUP_OFFSETS.values()) + 1,
+                    f"a grid larger than its offsets {list(LOOKUP_OFFSETS.values())}"),
+    "grid_direction": (2, "two distinct cells for its two markers"),
+    "grid_placement": (PLACEMENT_REGIONS, f"one cell per region ({PLACEMENT_REGIONS} per axis)"),
+    "grid_count": (3, "a marker's 8 neighbours"),
+}
 CONTROLS: dict[str, str] = {"grid_lookup_shuffled": "grid_lookup"}  # control -> the task whose images it uses
 GRID_TASKS: tuple[str, ...] = (*_TASKS, *CONTROLS)
 TRAIN_SEED, VAL_SEED = 0, 1  # generator seeds of the two splits (mixed with the task name and the grid)
@@ -210,22 +211,29 @@ def generate(task: str, *, grid: int, per_class: int, seed: int) -> tuple[Tensor
     if task not in _TASKS:
         raise DataError(f"unknown grid task {task!r}; known: {', '.join(_TASKS)}")
     names, draw = _TASKS[task]
+    grid_of(grid * GLYPH, "generate", task)
     rng = np.random.default_rng(mix_seed(zlib.crc32(task.encode()), grid, seed))
     labels = balanced_labels(rng, len(names), per_class)
     cells = draw(rng, labels, grid)
     return render(cells), torch.from_numpy(labels).long()
 
 
-def grid_of(size: int, where: str) -> int:
-    """The grid (cells per side) of an image of ``size`` px; sizes must be whole cells."""
+def grid_of(size: int, where: str, task: str | None = None) -> int:
+    """The grid (cells per side) of an image of ``size`` px; sizes must be whole cells, and (with ``task``)
+    at least the task's ``MIN_GRID``."""
     if size < GLYPH or size % GLYPH:
         raise DataError(f"{where}: grid tasks draw {GLYPH} px cells, so image sizes are positive multiples of "
                         f"{GLYPH} px, got {size}")
-    return size // GLYPH
+    grid = size // GLYPH
+    least, why = MIN_GRID[CONTROLS.get(task, task)] if task is not None else (1, "")
+    if grid < least:
+        raise DataError(f"{where}: {task} needs {why}: at least {least} x {least} cells ({least * GLYPH} px), "
+                        f"got {size} px ({grid} x {grid} cells)")
+    return grid
 
 
 def _val_at(task: str, per_class: int, size: int) -> TensorImages:
-    images, labels = generate(task, grid=grid_of(size, "evaluation size"), per_class=per_class, seed=VAL_SEED)
+    images, labels = generate(task, grid=grid_of(size, "evaluation size", task), per_class=per_class, seed=VAL_SEED)
     return TensorImages(images, labels)
 
 
@@ -242,7 +250,7 @@ def build_grid_data(*, dataset: str, img_size: int, train_per_class: int | None,
     if class_choice:
         raise DataError("data.classes / class_file / num_classes: a grid task's classes are fixed by the task")
     task = CONTROLS.get(dataset, dataset)
-    grid = grid_of(img_size, "data.img_size")
+    grid = grid_of(img_size, "data.img_size", task)
     classes = classes_of(dataset)
     n_train, n_val = (per_class or max(1, DEFAULT_IMAGES[split].get(task, DEFAULT_SPLIT_IMAGES[split]) // len(classes))
                       for split, per_class in (("train", train_per_class), ("val", val_per_class)))

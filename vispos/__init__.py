@@ -36,4 +36,4 @@ __all__ = [
     "patch",
     "set_position_enabled",
 ]
-__version__ = "0.1.0"
+__version__ = "0.2.0"  # the package version (pyproject.toml reads it); CHANGELOG.md lists its changes

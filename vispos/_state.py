@@ -7,9 +7,14 @@ tools built around state dicts take tensors only (timm's ``ModelEma*`` call ``de
 expect the same). The record is made anew at each ``state_dict()`` call, so such a tool may copy into it
 or average it without effect on the model.
 
-The record's length depends on the settings alone, never on the switches that change during training
-(DroPE's ``enabled`` is stored as 0 / 1), so two copies of one model (a model and its EMA) keep records
-of the same shape. Checkpoints of vispos 0.1 held the settings as a dict; ``decode`` reads those too.
+Every record has one shape, ``[RECORD_BYTES]`` (the JSON padded with spaces), whatever it holds: a model
+and its EMA copy stay copyable into each other after ``vispos.configure`` changed one of them, and a
+distributed checkpoint (``torch.distributed.checkpoint``, which plans every tensor's shape) loads into a
+model of other settings or another grid. A record that would not fit is refused, naming the limit.
+
+Older records still load: format 1 (the JSON unpadded, any length) and vispos 0.1's dicts. A state dict
+cast wholesale to another dtype (``bfloat16``, ``float16``, an integer type) keeps its records readable,
+since those types hold the bytes 0-255 exactly.
 """
 
 from __future__ import annotations
@@ -20,29 +25,95 @@ from typing import Any
 
 import torch
 
-FORMAT = 1  # the record's layout; a later layout raises a clear error in an older vispos
+FORMAT = 2  # the record's layout; a later layout raises a clear error in an older vispos
+# every record's length. The largest measured (tests/test_settings_record.py): 3.1 KB, a Positions record of
+# learned2d + rope2d at head dim 128 with LongRoPE factors given at patch time and again through configure
+RECORD_BYTES = 16384
+READABLE = (1, 2)  # the formats this vispos reads (1: the JSON of any length; 2: padded to RECORD_BYTES)
+
+# Scheme name -> {option: its default in the vispos versions that wrote format-1 records and 0.1 dicts}, for
+# every option whose default has changed since. Those records hold only the options given; the options left
+# out are read at these old defaults, so that a checkpoint is compared with a model (and refused, naming the
+# option) under the options it was trained with, never reinterpreted under a newer default. Format-2 records
+# hold every option with its value (``Positions.get_extra_state``) and need no such table.
+FORMAT1_DEFAULTS: dict[str, dict[str, Any]] = {
+    # LieRE's code: dense generators shared by the network, on linspace(0, n / n_train); before, blocks of 4 per
+    # layer and head on [-1, 1]
+    "liere2d": {"block_size": 4, "coords": "normalized", "per_head": True, "per_layer": True},
+    # ComRoPE's code: coordinates (i + 0.5) / n in [0, 1], blocks of 8; before, [-1, 1] and blocks of 4
+    "comrope2d": {"block_size": 4, "coords": "normalized"},
+    # golden-gate RoPE: per-head directions at multiples of pi / phi, 0.2-20 on [-1, 1]; before, one set of
+    # directions at multiples of the golden angle with RoPE's magnitudes (theta 100) on patch indices
+    "rope2d_golden": {"theta": 100.0, "spacing": "golden_angle", "per_head": False, "coords": "pixel"},
+}
 
 
 def encode(settings: Mapping[str, Any]) -> torch.Tensor:
-    """Plain settings (dicts, lists, numbers, strings, None) -> a uint8 tensor [n] of their JSON."""
+    """Plain settings (dicts, lists, numbers, strings, None) -> a uint8 tensor [RECORD_BYTES] of their JSON."""
     text = json.dumps({"format": FORMAT, **settings}, sort_keys=True, separators=(",", ":"), allow_nan=False)
-    return torch.frombuffer(bytearray(text.encode()), dtype=torch.uint8)
+    data = text.encode()
+    if len(data) > RECORD_BYTES:
+        raise ValueError(
+            f"these vispos settings take {len(data)} bytes of JSON, more than a settings record holds "
+            f"(vispos._state.RECORD_BYTES = {RECORD_BYTES}): {text[:200]}..."
+        )
+    return torch.frombuffer(bytearray(data.ljust(RECORD_BYTES, b" ")), dtype=torch.uint8)
 
 
 def decode(record: torch.Tensor | Mapping[str, Any]) -> dict[str, Any]:
-    """The settings of a record made by ``encode`` (or the dict a vispos 0.1 checkpoint holds)."""
+    """The settings of a record made by ``encode`` (of any readable format, in any real dtype that holds
+    its bytes exactly), or the dict a vispos 0.1 checkpoint holds."""
+    return read(record)[0]
+
+
+def read(record: torch.Tensor | Mapping[str, Any]) -> tuple[dict[str, Any], int]:
+    """(settings, the record's format): 0 for a vispos 0.1 dict, else ``READABLE``'s."""
     if isinstance(record, Mapping):
-        return dict(record)
-    if not isinstance(record, torch.Tensor) or record.dtype != torch.uint8 or record.dim() != 1:
-        raise ValueError(f"not a vispos settings record: expected a uint8 tensor [n], got {_kind(record)}")
+        return dict(record), 0
+    data = _bytes(record)
     try:
-        settings = json.loads(bytes(record.cpu().tolist()).decode())
+        settings = json.loads(data.decode())
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"the vispos settings record is damaged ({error})") from None
-    version = settings.pop("format", None)
-    if version != FORMAT:
-        raise ValueError(f"this vispos reads settings records of format {FORMAT}, the checkpoint's is {version!r}")
-    return settings
+        cast = "" if record.dtype == torch.uint8 else f" (as {record.dtype}: a cast to a type that cannot hold 0-255?)"
+        raise ValueError(f"the vispos settings record is damaged{cast} ({error})") from None
+    version = settings.pop("format", None) if isinstance(settings, dict) else None
+    if version not in READABLE:
+        raise ValueError(
+            f"this vispos reads settings records of format {', '.join(map(str, READABLE))}, the checkpoint's is "
+            f"{version!r}: load it with the vispos that wrote it, or a newer one"
+        )
+    return settings, version
+
+
+def options_as_written(schemes: list[str], options: Mapping[str, Any], version: int) -> dict[str, Any]:
+    """The options a Positions record of format ``version`` stands for: a format-2 record holds them all; an
+    older one the options given, the others at the defaults of its vispos (``FORMAT1_DEFAULTS``)."""
+    if version >= 2:
+        return dict(options)
+    old: dict[str, Any] = {}
+    for name in schemes:
+        old |= FORMAT1_DEFAULTS.get(name, {})
+    return old | dict(options)
+
+
+def _bytes(record: object) -> bytes:
+    """A record's bytes: a 1-D tensor of uint8, or of another real dtype whose values are the bytes."""
+    if not isinstance(record, torch.Tensor) or record.dim() != 1 or record.dtype in (torch.bool, torch.complex64,
+                                                                                       torch.complex128):
+        raise ValueError(
+            f"not a vispos settings record: expected a 1-D tensor of bytes (uint8, or a real dtype holding the "
+            f"integers 0-255), got {_kind(record)}"
+        )
+    values = record.detach().cpu()
+    if values.dtype != torch.uint8:
+        exact = values.double()
+        if not bool(((exact >= 0) & (exact <= 255) & (exact == exact.round())).all()):
+            raise ValueError(
+                f"the vispos settings record is damaged: as {values.dtype} it holds values that are not the "
+                "integers 0-255 (a cast to a type that cannot hold them); load the state dict as saved"
+            )
+        values = values.to(torch.uint8)
+    return values.numpy().tobytes()
 
 
 def _kind(value: object) -> str:

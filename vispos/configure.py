@@ -9,6 +9,7 @@ plain ``nn.Module`` made of ``vispos.layers.Attention`` layers alike.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from torch import nn
@@ -50,8 +51,14 @@ def configure(
     it off. 2D RoPE stretches each axis by its own factor, current / training size (at least 1),
     unless ``factor=`` is given; 1D RoPE needs ``original_length=`` (the training length) for methods
     that derive the factor from the length. ``log_n_attention`` (2D): True multiplies every logit by
-    max(1, ln N / ln N_train) for N patch tokens; works with any scheme. ``train_grid`` (2D) defaults
-    to the grid the model had when it was patched. ``attention`` (2D relative biases: alibi2d, relbias2d,
+    max(1, ln N / ln N_train) for N = H x W patches of the image's grid (of a token subset's full image
+    too: patch dropout and MAE keep the scale of their image); works with any scheme.
+
+    ``train_grid`` (2D): the training grid both scalings are relative to, for a patched model
+    ``Positions.scaling_grid``: the model's own training grid (``vispos_cfg["train_grid"]``, the grid it was
+    patched at, which loading a checkpoint of another grid does not change), unless given here; a grid given
+    here is recorded (``vispos_cfg["configured_train_grid"]``), applies to RoPE scaling and log-n alike, and
+    is kept by later calls and through saving and loading. ``attention`` (2D relative biases: alibi2d, relbias2d,
     cpb2d): ``"flex"`` computes the bias inside FlexAttention from a per-offset table, so no
     [heads, N, N] mask is built (the path for large grids, compiled on first use); ``"sdpa"`` (default)
     hands SDPA one mask per layer. Settings left out keep their current value.
@@ -63,30 +70,12 @@ def configure(
     grid = None if train_grid is None else check_grid(train_grid, "train_grid")
     if scaling is _KEEP and scaling_options:
         raise ValueError(f"scaling options {sorted(scaling_options)} given without scaling=")
-    if scaling is not _KEEP:
-        ropes = scalable_ropes(module)
-        if not ropes:
-            raise ValueError(f"RoPE scaling applies to rope and rope2d; this model uses {_schemes_in_use(module)}")
-        for rope in ropes:
-            if rope.scheme_info.ndim == 2:
-                rope.set_scaling(scaling, train_grid=grid, **scaling_options)
-            elif grid is not None:
-                raise ValueError("train_grid applies to 2D RoPE; give 1D RoPE its training length as original_length=")
-            else:
-                rope.set_scaling(scaling, **scaling_options)
-        for pos in positions:  # each patched model records its settings (saved with its weights)
-            record = {"scaling": scaling, "train_grid": grid or pos.train_grid, **scaling_options}
-            pos.settings["scaling"] = None if scaling is None else plain(record)
     if log_n_attention is not None:
         check_bool("log_n_attention", log_n_attention)
         if not positions:
             raise ValueError("log_n_attention applies to models patched with vispos.patch")
-        for pos in positions:
-            tokens = (grid or pos.train_grid)[0] * (grid or pos.train_grid)[1]
-            if log_n_attention and tokens < 2:
-                raise ValueError("log_n_attention needs a training grid of at least 2 patches")
-            pos.log_n_tokens = tokens if log_n_attention else None
-            pos.settings["log_n_attention"] = log_n_attention
+        if log_n_attention and any(math.prod(grid or pos.scaling_grid) < 2 for pos in positions):
+            raise ValueError("log_n_attention needs a training grid of at least 2 patches")
     if attention is not None:
         check_choice("attention", attention, ATTENTION_BACKENDS)
         if attention == "flex" and not any(p.attention_kind == "bias" for p in positions):
@@ -94,6 +83,29 @@ def configure(
                 f"attention='flex' applies to the 2D biases ({', '.join(list_encodings(2, kind='bias'))}); "
                 f"this model uses {_schemes_in_use(module)}"
             )
+    owner = {id(rope): pos for pos in positions for rope in scalable_ropes(pos)}
+    if scaling is not _KEEP:
+        ropes = scalable_ropes(module)
+        if not ropes:
+            raise ValueError(f"RoPE scaling applies to rope and rope2d; this model uses {_schemes_in_use(module)}")
+        for rope in ropes:
+            if rope.scheme_info.ndim == 2:
+                at = owner[id(rope)].scaling_grid if grid is None and id(rope) in owner else grid
+                rope.set_scaling(scaling, train_grid=at, **scaling_options)
+            elif grid is not None:
+                raise ValueError("train_grid applies to 2D RoPE; give 1D RoPE its training length as original_length=")
+            else:
+                rope.set_scaling(scaling, **scaling_options)
+        for pos in positions:  # each patched model records its settings (saved with its weights)
+            pos.settings["scaling"] = None if scaling is None else plain({"scaling": scaling, **scaling_options})
+    for pos in positions:
+        if grid is not None:
+            pos.settings["configured_train_grid"] = list(grid)
+        if log_n_attention is not None:
+            pos.log_n_tokens = math.prod(grid or pos.scaling_grid) if log_n_attention else None
+            pos.settings["log_n_attention"] = log_n_attention
+        pos.follow_scaling_grid()  # every size-relative setting on the one training grid
+    if attention is not None:
         for pos in positions:
             pos.settings["attention"] = attention  # read back as Positions.attention_backend
     return module

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from dataclasses import asdict, dataclass, fields, is_dataclass
+from dataclasses import asdict, dataclass, is_dataclass
 from typing import Any
 
 import torch
@@ -18,12 +18,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention.flex_attention import create_block_mask
 
-from ._state import decode, encode
+from ._state import encode, options_as_written, read
 from ._validate import check_grid
 from .attention import FlexBias, as_float_mask, combine_masks, offset_score_mod
 from .encodings.relbias import bias_mask, prefixed_offset_index, with_prefix_entries
 from .encodings.rope import Rotary
-from .encodings.rope_scaling import RopeScaling
+from .encodings.rope_scaling import canonical_scaling
 from .ragged import QueryScaled, RaggedLayout, concat_rotations, ragged_conditional, ragged_layout
 from .registry import get_info
 
@@ -57,6 +57,26 @@ class PositionContext:
         attention="flex")``); None when it uses SDPA."""
         return self.positions.flex(self, index)
 
+    def check_tokens(self, x: torch.Tensor) -> None:
+        """Refuse tokens x [B, T, C] this context was not built for: another number of tokens per row, or
+        (a ragged batch, a token subset: built per row) another number of rows."""
+        p = self.positions.num_prefix_tokens
+        if self.ragged is not None:
+            rows, count = self.ragged.image.shape
+            built = f"a ragged batch of {rows} row(s) of {count} tokens"
+        elif self.tokens is not None:
+            rows, count = self.tokens.shape
+            built = f"a token subset of {rows} row(s) of {count} tokens ({p} prefix + {count - p} kept)"
+        else:
+            rows, count = None, p + self.grid[0] * self.grid[1]
+            built = f"{count} tokens ({p} prefix + a {self.grid[0]}x{self.grid[1]} grid)"
+        b, t = x.shape[0], x.shape[1]
+        if t != count or (rows is not None and b != rows):
+            raise ValueError(
+                f"the positional context was built for {built}, the attention got {b} row(s) of {t} tokens: build "
+                "the context for the tokens the blocks see (the grid, keep= or the ragged batch of these rows)"
+            )
+
 
 def plain(value: Any) -> Any:
     """Settings as plain data (dicts, lists, numbers, strings), safe for ``torch.load(weights_only=True)``."""
@@ -70,17 +90,17 @@ def plain(value: Any) -> Any:
 
 
 def canonical_options(schemes: list[str], options: dict[str, Any]) -> dict[str, Any]:
-    """Every option of ``schemes`` with its value in use: the defaults filled in, scalings in one form.
-    Two settings that build the same positions have the same canonical options."""
+    """Every option of ``schemes`` with its value in use: the defaults filled in, scalings in one form
+    (``canonical_scaling``: every field, the type's defaults filled in). Two settings that build the same
+    positions have the same canonical options; a settings record holds them, so that a later change of a
+    default cannot reinterpret a checkpoint."""
     full: dict[str, Any] = {}
     for name in schemes:
         params = inspect.signature(get_info(name, ndim=2).builder).parameters
         full |= {k: p.default for k, p in params.items() if p.default is not inspect.Parameter.empty}
     full |= options
-    scaling = full.get("scaling")
-    if scaling is not None:  # a type name, a dict or a RopeScaling: as a dict of every field
-        given = {"type": scaling} if isinstance(scaling, str) else plain(scaling)
-        full["scaling"] = {f.name: f.default for f in fields(RopeScaling)} | given
+    if full.get("scaling") is not None:  # a type name, a dict or a RopeScaling: as a dict of every field
+        full["scaling"] = canonical_scaling(full["scaling"])
     return plain(full)
 
 
@@ -89,6 +109,58 @@ def same_positions(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return list(a["pos"]) == list(b["pos"]) and canonical_options(a["pos"], a["options"]) == canonical_options(
         b["pos"], b["options"]
     )
+
+
+def position_differences(saved: dict[str, Any], own: dict[str, Any]) -> str:
+    """What differs between a checkpoint's settings and a model's: the schemes, else each option by name."""
+    if list(saved["pos"]) != list(own["pos"]):
+        return f"schemes {' + '.join(saved['pos'])} in the checkpoint, {' + '.join(own['pos'])} in this model"
+    a, b = canonical_options(saved["pos"], saved["options"]), canonical_options(own["pos"], own["options"])
+    names = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+    return ", ".join(f"{k}: {a.get(k)!r} in the checkpoint, {b.get(k)!r} in this model" for k in names)
+
+
+def _saved_state(record: torch.Tensor | dict[str, Any]) -> dict[str, Any]:
+    """A Positions record's state, its options as the vispos that wrote it meant them (``options_as_written``:
+    older records hold only the options given, read at that version's defaults)."""
+    state, version = read(record)
+    settings = state["settings"]
+    options = options_as_written(settings["pos"], settings["options"], version)
+    return {**state, "settings": {**settings, "options": options}}
+
+
+def _follow_scaling_grid(module: Positions, incompatible_keys: Any) -> None:
+    """``load_state_dict``'s post hook: once the scheme modules have read their own records (a rope2d's holds the
+    grid of the checkpoint's scaling), every inference setting follows the model's one training grid."""
+    module.follow_scaling_grid()
+
+
+def _with_configured_grid(settings: dict[str, Any], saved_grid: list[int]) -> dict[str, Any]:
+    """Settings whose scaling record holds its grid (``"train_grid"``, as configure wrote it before the grid had
+    a key of its own) -> that grid as ``configured_train_grid`` when it differs from the checkpoint's training
+    grid (it was given to configure), else dropped (it was the model's grid, which the model keeps)."""
+    scaling = settings.get("scaling")
+    if not isinstance(scaling, dict) or "train_grid" not in scaling:
+        return settings
+    scaling = dict(scaling)
+    grid = list(scaling.pop("train_grid"))
+    given = {} if grid == list(saved_grid) else {"configured_train_grid": grid}
+    return {**given, **settings, "scaling": scaling}
+
+
+def _kept_indices(mask: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+    """A bool keep mask [B, H*W] (True: the patch is kept) -> its kept patch indices [B, K], ascending (the
+    order ``x[mask].view(B, K, C)`` leaves the tokens in). Every row must keep as many patches."""
+    b, n = mask.shape
+    if n != grid[0] * grid[1]:
+        raise ValueError(
+            f"a bool keep mask must be [B, H*W] = [B, {grid[0] * grid[1]}] for the {grid[0]}x{grid[1]} grid "
+            f"(True: kept), got [{b}, {n}]; pass kept patch indices [B, K] otherwise"
+        )
+    counts = mask.sum(dim=1)
+    if not torch.compiler.is_compiling() and bool((counts != counts[:1]).any()):
+        raise ValueError(f"a bool keep mask must keep as many patches in every row, got {counts.tolist()}")
+    return mask.nonzero()[:, 1].view(b, -1)  # [B, K]: row-major, as the mask is read
 
 
 def _describe(settings: dict[str, Any]) -> str:
@@ -106,7 +178,12 @@ class Positions(nn.Module):
     conventions the options reproduce). ``enabled`` switches the whole scheme off
     (DroPE) and back on; ``log_n_tokens`` is the training token count while log-n attention scaling
     is on. All of it is saved in the state dict and restored by ``load_state_dict``, which refuses a
-    checkpoint of another scheme, other options or another training grid.
+    checkpoint of another scheme or other options.
+
+    One training grid: ``train_grid`` is the grid the model was patched at, kept when a checkpoint made at
+    another grid loads (its tables are resampled to it). RoPE scaling and log-n scaling are relative to
+    ``scaling_grid``: that grid, or the one given to ``vispos.configure(train_grid=...)``, recorded as
+    ``settings["configured_train_grid"]`` and kept through saving and loading.
     """
 
     def __init__(
@@ -139,17 +216,24 @@ class Positions(nn.Module):
         # ``load_state_dict``'s strict flag (torch hands modules strict=True whatever the caller said);
         # the host sets it for the duration of a load
         self.strict_loading = True
+        self.register_load_state_dict_post_hook(_follow_scaling_grid)  # after the scheme modules' own records
 
     def get_extra_state(self) -> torch.Tensor:
-        """The settings as a tensor record (``vispos._state``): the state dict holds tensors only."""
-        settings = {**self.settings, "train_grid": list(self.train_grid)}
+        """The settings as a tensor record (``vispos._state``): the state dict holds tensors only. The options
+        are recorded with every default filled in (``canonical_options``)."""
+        options = canonical_options(self.settings["pos"], self.settings["options"])
+        settings = {**self.settings, "options": options, "train_grid": list(self.train_grid)}
         return encode({"settings": plain(settings), "enabled": int(self.enabled), "log_n_tokens": self.log_n_tokens})
 
     def set_extra_state(self, state: torch.Tensor | dict[str, Any]) -> None:
-        state = decode(state)
-        self.settings = {**state["settings"], "train_grid": self.train_grid}  # the model keeps its own grid
+        state = _saved_state(state)
+        # the model keeps its own options as it was given them (``load_state_dict`` has checked that they are
+        # the checkpoint's, ``same_positions``) and its own grid
+        self.settings = {**state["settings"], "options": self.settings["options"], "train_grid": self.train_grid}
         self.enabled = bool(state["enabled"])
         self.log_n_tokens = state["log_n_tokens"]  # inference settings (vispos.configure) are kept as saved
+        self.settings = _with_configured_grid(self.settings, state["settings"]["train_grid"])
+        self.follow_scaling_grid()  # relative to this model's grid, or to the one given to configure
 
     def _load_from_state_dict(
         self, state_dict: dict[str, Any], prefix: str, local_metadata: dict, strict: bool,
@@ -164,12 +248,13 @@ class Positions(nn.Module):
                 if module is not self and type(module).get_extra_state is not nn.Module.get_extra_state:
                     state_dict.setdefault(f"{name}._extra_state", module.get_extra_state())
         if record is not None:
-            saved = decode(record)["settings"]
+            saved = _saved_state(record)["settings"]
             if not same_positions(saved, self.settings):
                 if self.strict_loading:
                     raise ValueError(
                         f"the checkpoint's positions are {_describe(saved)}; this model's are "
-                        f"{_describe(self.settings)}: patch a fresh model the way the checkpoint's was patched "
+                        f"{_describe(self.settings)} (they differ in {position_differences(saved, self.settings)})"
+                        ": patch a fresh model the way the checkpoint's was patched "
                         "and load it, or load with strict=False to keep only the weights outside the positions"
                     )
                 skipped = [k for k in state_dict if k.startswith(prefix)]
@@ -375,11 +460,17 @@ class Positions(nn.Module):
         return None
 
     def _subset(self, keep: torch.Tensor, grid: tuple[int, int], device: torch.device) -> torch.Tensor:
-        """Kept patch indices [B, K] -> the rows' token indices [B, P + K], prefix tokens first."""
+        """Kept patch indices [B, K] (or a bool mask [B, H*W], True = kept, the row holding them in grid
+        order) -> the rows' token indices [B, P + K], prefix tokens first."""
         if not isinstance(keep, torch.Tensor) or keep.dim() != 2 or keep.is_floating_point() or keep.is_complex():
             got = f"{keep.dtype} tensor of shape {tuple(keep.shape)}" if isinstance(keep, torch.Tensor) else keep
-            raise ValueError(f"keep must be an integer tensor [B, K] of patch indices, got {got}")
+            raise ValueError(
+                f"keep must be an integer tensor [B, K] of patch indices or a bool mask [B, H*W] (True: kept), "
+                f"got {got}"
+            )
         n = grid[0] * grid[1]
+        if keep.dtype == torch.bool:  # a mask, never indices 0 and 1
+            keep = _kept_indices(keep, grid)
         if not torch.compiler.is_compiling() and keep.numel() and (keep.min() < 0 or keep.max() >= n):
             raise ValueError(f"keep holds patch indices outside the {grid[0]}x{grid[1]} grid (0 to {n - 1})")
         p = self.num_prefix_tokens
@@ -426,8 +517,7 @@ class Positions(nn.Module):
         module, layout = self._module(index), ctx.ragged
         entries = getattr(module, "prefix_bias", None)
         if layout is None:
-            return FlexBias(offset_score_mod(module.offset_bias(ctx.grid, ctx.device), ctx.grid, self.num_prefix_tokens,
-                                             entries))  # fmt: skip
+            return FlexBias(offset_score_mod(module.offset_bias(ctx.grid, ctx.device), self.num_prefix_tokens, entries))
         values = with_prefix_entries(self._size_offsets(module, ctx), entries)
         if ctx.block_mask is None and not layout.one_image_per_row():  # built once, shared by every layer
             b, t = layout.image.shape
@@ -437,6 +527,26 @@ class Positions(nn.Module):
     def _combined(self, out: Rotary | torch.Tensor, user: torch.Tensor | None) -> Rotary | torch.Tensor:
         """A bias mask plus the caller's mask (a rotation is returned as it is)."""
         return out if self.attention_kind == "rotary" else combine_masks(out, user)
+
+    @property
+    def scaling_grid(self) -> tuple[int, int]:
+        """The training grid RoPE scaling and log-n scaling are relative to: the one given to
+        ``vispos.configure(train_grid=...)`` (``settings["configured_train_grid"]``), else ``train_grid``."""
+        given = self.settings.get("configured_train_grid")
+        return self.train_grid if given is None else (int(given[0]), int(given[1]))
+
+    def follow_scaling_grid(self) -> None:
+        """Put every size-relative inference setting on ``scaling_grid``: each 2D RoPE's scaling (its per-axis
+        factors, YaRN's ramp) and log-n's training token count H x W. ``vispos.configure`` and every load end
+        here, so that the model has one training grid."""
+        grid = self.scaling_grid
+        for module in self.modules():
+            if getattr(getattr(module, "scheme_info", None), "scalable", False):
+                module.set_train_grid(grid)  # 2D scalable schemes (rope2d)
+        if self.log_n_tokens is not None:
+            if grid[0] * grid[1] < 2:
+                raise ValueError(f"log_n_attention needs a training grid of at least 2 patches, got {grid}")
+            self.log_n_tokens = grid[0] * grid[1]
 
     def logit_scale(self, grid: tuple[int, int]) -> float:
         """log-n attention scaling: logits x max(1, ln N / ln N_train) for N patch tokens, so attention
@@ -450,6 +560,62 @@ class Positions(nn.Module):
         if self.additive is None or not self.enabled:
             return x
         return x + self.additive(grid, x.device).to(x.dtype)
+
+    def embed(
+        self,
+        x: torch.Tensor,
+        grid: tuple[int, int] | None = None,
+        *,
+        keep: torch.Tensor | None = None,
+        coords: torch.Tensor | None = None,
+        sizes: torch.Tensor | None = None,
+        valid: torch.Tensor | None = None,
+        segments: torch.Tensor | None = None,
+        prefix: torch.Tensor | None = None,
+        user_mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, PositionContext]:
+        """Patch tokens -> (rows [B, P + N, C] with every position they carry, the context each block takes as
+        ``attn_mask``): the start of a loop of one's own over the blocks. The blocks apply the attention
+        schemes; an additive table (learned2d, sincos2d) is added here, to each token at its own cell.
+
+        One grid (``grid`` = (H, W), as ``context``): x [B, H*W, C] row-major, or [B, K, C] holding the cells
+        ``keep`` [B, K]. A ragged or packed batch (``coords`` [B, N, 2], with ``sizes``, ``valid``, ``segments``
+        as ``ragged_context`` takes them): x [B, N, C]. ``prefix`` [B or 1, P, C]: the model's P prefix tokens
+        (class token, registers), put first with the additive scheme's prefix rows; required when P > 0."""
+        if (grid is None) == (coords is None):
+            raise ValueError("embed takes grid= (one grid, optionally with keep=) or coords= (a ragged batch), "
+                             "exactly one of them")
+        if coords is None and any(v is not None for v in (sizes, valid, segments)):
+            raise ValueError("sizes, valid and segments describe a ragged batch: pass them with coords=, not grid=")
+        if coords is not None and keep is not None:
+            raise ValueError("keep selects cells of one grid (grid=); a ragged batch lists its cells in coords=")
+        if not isinstance(x, torch.Tensor) or x.dim() != 3:
+            got = f"shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"embed takes patch tokens x [B, N, C], got {got}")
+        p, given = self.num_prefix_tokens, None if prefix is None else tuple(prefix.shape)
+        if (p or prefix is not None) and (given is None or len(given) != 3 or given[1] != p):
+            raise ValueError(f"this model has {p} prefix token(s) (class token, registers): pass them as "
+                             f"prefix=[B or 1, {p}, C]" + ("" if p else ", or no prefix") + f", got {given}")
+        if coords is None:
+            grid = check_grid(grid, "grid")
+            ctx = self.context(grid, x.device, user_mask, keep)  # (checks keep: indices or a bool mask)
+            kept = None if ctx.tokens is None else ctx.tokens[:, p:] - p  # [B, K]: the rows' patch indices
+            n = grid[0] * grid[1] if kept is None else kept.shape[1]
+            if x.shape[1] != n:
+                held = "the H*W cells of the grid" if kept is None else "one token per kept cell (keep)"
+                raise ValueError(f"x holds {x.shape[1]} tokens per row; {held} is {n}")
+            if self.additive is not None and self.enabled:
+                table = self.additive(grid, x.device).to(x.dtype)  # [H*W, C]
+                x = x + (table if kept is None else table[kept])  # [B, N, C]
+        else:
+            ctx = self.ragged_context(coords, sizes, valid=valid, segments=segments, user_mask=user_mask)
+            if x.shape[:2] != coords.shape[:2]:
+                raise ValueError(f"x [B, N, C] has {tuple(x.shape[:2])} rows and tokens; coords [B, N, 2] "
+                                 f"{tuple(coords.shape[:2])}: one cell per token")
+            x = self.add_to_ragged(x, ctx)
+        if prefix is None:
+            return x, ctx
+        return torch.cat((self.add_to_prefix(prefix.to(x.dtype).expand(x.shape[0], -1, -1)), x), dim=1), ctx
 
     def apply_conditional(self, x: torch.Tensor, ctx: PositionContext) -> torch.Tensor:
         """Tokens [B, P + H*W, C] (or the row's subset, ``ctx.tokens``) after block ``conditional.after``

@@ -149,15 +149,17 @@ class RaggedLayout:
         """FlexAttention's ``score_mod`` for a relative bias on this batch: ``values`` [heads, V] as
         ``offset_index`` reads them (every size's per-offset values, then BEiT's three prefix entries); the
         index of each pair is computed from the two tokens' cells and grid, so no [B, T, T] tensor exists.
-        Pairs of different images read a clamped index (their scores are masked: ``flex_mask_mod``)."""
+        Pairs of different images read a clamped index (their scores are masked: ``flex_mask_mod``).
+        Everything that depends on the batch's sizes is a tensor (its length read inside, a dynamic shape),
+        so one compiled kernel serves every set of sizes."""
         counts = torch.tensor([(2 * h - 1) * (2 * w - 1) for h, w in self.sizes], device=self.image.device)
-        total = int(counts.sum())
         start = (torch.cumsum(counts, 0) - counts).to(torch.int32)[self.group]  # [B, T]
         y, x = self.yx[..., 0].to(torch.int32), self.yx[..., 1].to(torch.int32)
         h, w = self.hw[..., 0].to(torch.int32), self.hw[..., 1].to(torch.int32)
         prefix = self.prefix
 
         def score_mod(score, b, head, q_idx, kv_idx):  # noqa: ANN001, ANN202
+            total = values.shape[1] - 3  # the per-offset values, before the three prefix entries
             hq, wq = h[b, q_idx], w[b, q_idx]
             dy = y[b, q_idx] - y[b, kv_idx] + hq - 1
             dx = x[b, q_idx] - x[b, kv_idx] + wq - 1
@@ -214,8 +216,9 @@ def ragged_layout(
     row, integer cells or, of a floating dtype, points in patch units (fractional: a merged token's mean
     cell), ``sizes`` [B, 2] (one image per row) or [B, S, 2] (with ``segments`` [B, N]: the image of each
     token among its row's S), ``valid`` [B, N] bool (False: padding). Without ``sizes``, each image's grid
-    is the bounding box of its tokens' cells (the cells holding its points; give the sizes when the tokens
-    may not cover the grid: a normalised or size-dependent scheme reads them).
+    is the smallest one holding its tokens' points, H = ceil(largest y) + 1 and W = ceil(largest x) + 1 (for
+    cells, their bounding box; a merged token at y = 1.5 reaches row 2); give the sizes when the tokens may
+    not cover the grid: a normalised or size-dependent scheme reads them.
 
     Tokens are grouped by grid size (each scheme is evaluated once per distinct size), or, with
     ``per_image``, by image (once per image: a random draw per forward becomes one per image)."""
@@ -255,12 +258,16 @@ def ragged_layout(
     image = torch.where(valid, image, -1)
     if sizes is None:  # each image's bounding box
         flat = torch.zeros(count, 2, dtype=torch.long, device=device)
-        cells = coords.floor().long() if fractional else coords
-        flat = flat.scatter_reduce(0, image[valid][:, None].expand(-1, 2), cells[valid] + 1, "amax")
+        last = coords.ceil().long() if fractional else coords  # the grid's last row and column: H - 1 >= y
+        flat = flat.scatter_reduce(0, image[valid][:, None].expand(-1, 2), last[valid] + 1, "amax")
     else:
         expected = (b, 2) if segments is None else (b, sizes.shape[1], 2)
         if not isinstance(sizes, torch.Tensor) or tuple(sizes.shape) != expected or _not_int(sizes):
-            raise ValueError(f"sizes must be an integer tensor {list(expected)} of grid sizes (H, W)")
+            got = f"{sizes.dtype} tensor of shape {tuple(sizes.shape)}" if isinstance(sizes, torch.Tensor) else sizes
+            raise ValueError(
+                f"sizes must be an integer tensor {list(expected)} of grid sizes (H, W), got {got} (coords may be "
+                "points of a floating dtype; the grid sizes stay whole numbers of patches)"
+            )
         flat = sizes.to(device).long().reshape(count, 2)
     p = num_prefix_tokens
     if p:  # prefix tokens: the row's image, cell (0, 0)

@@ -9,7 +9,7 @@ importing ``vispos`` imports that package, so the table is full before any looku
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal, TypeVar
 
@@ -54,7 +54,7 @@ class SchemeInfo:
     summary: str
     builder: Callable[..., nn.Module] = field(repr=False, compare=False)
     context: tuple[str, ...] = ()  # constructor arguments the host fills in (keys of CONTEXT)
-    per_layer: bool = False  # trainable attention schemes get one instance per transformer layer
+    per_layer: bool = False  # one instance per transformer layer (a ``per_layer`` option's default where it has one)
     scalable: bool = False  # RoPE whose frequencies ``vispos.configure(scaling=...)`` can stretch
     reference: str = ""
     position_axes: int = 1  # 1D: position ids per token; > 1 takes positions [axes, (B,) N] (mrope: t, h, w)
@@ -72,10 +72,21 @@ class SchemeInfo:
         missing = sorted(set(self.context) - set(_parameters(self.builder)))
         if missing:
             raise ValueError(f"{self.name!r} declares context {', '.join(missing)} that its builder does not take")
+        option = inspect.signature(self.builder).parameters.get("per_layer")
+        if option is not None and option.default is not self.per_layer:
+            raise ValueError(
+                f"{self.name!r} registers per_layer={self.per_layer} but its per_layer option defaults to "
+                f"{option.default!r}: the registered flag is the option's default"
+            )
 
     @property
     def acts_on(self) -> str:
         return ACTS_ON[self.kind]
+
+    def builds_per_layer(self, options: Mapping[str, object]) -> bool:
+        """Whether a host builds one instance per transformer layer: the scheme's ``per_layer`` option where
+        its builder has one (LieRE: shared or per layer), else the registered flag."""
+        return bool(options.get("per_layer", self.per_layer)) if "per_layer" in self.options else self.per_layer
 
     @property
     def options(self) -> list[str]:

@@ -52,9 +52,10 @@ from .rope import Rope, Rotary, apply_rope
 from .rope2d import Rope2d, Rope2dMixed
 from .rope_scaling import SCALING_TYPES, RopeScaling, scaled_inv_freq
 from .ropend import RopeNd
-from .rotary_nd import Rope2dGolden, String2d, fold_string
+from .rotary_nd import Rope2dGolden
 from .shaw import ShawRelative
 from .sincos import SinCos1d, SinCos2d, sincos_1d, sincos_2d
+from .string import String2d, fold_string
 from .t5 import T5Bias, t5_bucket
 from .xpos import XPos
 

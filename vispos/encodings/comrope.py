@@ -10,6 +10,8 @@ offsets alone. The head channels split into M blocks of b; block m of axis k hol
   scale per axis (shared by the heads, as in the code); multiples of one matrix commute.
 
 With b = 2 both reduce to RoPE with learned frequencies (``ap``: axial; ``ld``: RoPE-Mixed's directions).
+Defaults as the official code: coordinates (i + 0.5) / n in [0, 1] per axis (``coords="unit"``), the
+parameters drawn N(0, 1), blocks of 8 channels, one set per layer and head.
 """
 
 from __future__ import annotations
@@ -21,9 +23,9 @@ from .._validate import check_choice, check_dim, check_float, check_int
 from ..registry import register
 from .liere import generator_rotations, xy_coords
 from .rope import Rotary
-from .rope2d import COORDS
 
 VARIANTS: tuple[str, ...] = ("ap", "ld")
+COORDS: tuple[str, ...] = ("unit", "normalized", "pixel")  # ``liere.xy_coords``
 AXES = 2  # x, y
 
 
@@ -36,15 +38,18 @@ def axis_partition_mask(num_axes: int, num_blocks: int) -> torch.Tensor:
 @register("comrope2d", ndim=2, kind="rotary", trainable=True, relative=True, context=("dim", "num_heads"),
     per_layer=True,
     summary="ComRoPE: block rotations exp(x B_x + y B_y) of learned commuting skew generators (AP or LD)",
-    extrapolation="normalized coords: any grid maps into [-1, 1]; exactly relative (tested)",
+    extrapolation="coords (i + 0.5) / n as the official code: any grid maps into [0, 1] (interpolation); "
+    "exactly relative (tested)",
     reference="Yu et al. 2025 (ComRoPE, CVPR)")
 class ComRope2d(nn.Module):
     """ComRoPE on a patch grid: ``variant`` ``ap`` or ``ld``, blocks of ``block_size`` channels.
 
     Parameters as ComRoPE's code: ``base`` [heads, d/b, b, b] drawn N(0, ``init_std``); for ``ld`` the
     axis scales ``scale`` [2 (x, y), d/b] drawn N(0, 1). ``ap`` needs an even number of blocks (half per
-    axis). Coordinates: ``normalized`` (default; patch centres in [-1, 1], where ComRoPE uses [0, 1]) or
-    ``pixel``. Prefix tokens are not rotated (ComRoPE places its cls token at the centre instead).
+    axis). Coordinates: ``unit`` (default; patch centres (i + 0.5) / n in [0, 1], as the official code),
+    ``normalized`` (centres in [-1, 1]: twice the offsets, so the rotations of generators twice as large),
+    or ``pixel``. Prefix tokens are not rotated (ComRoPE places its cls token at the centre
+    instead). Generators are indexed (x, y); the official code's axis 0 is the row (y).
     """
 
     def __init__(
@@ -53,8 +58,8 @@ class ComRope2d(nn.Module):
         dim: int,
         num_heads: int,
         variant: str = "ap",
-        block_size: int = 4,
-        coords: str = "normalized",
+        block_size: int = 8,
+        coords: str = "unit",
         init_std: float = 1.0,
     ) -> None:
         super().__init__()

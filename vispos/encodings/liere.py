@@ -1,10 +1,15 @@
 """LieRE (Ostmeier et al. 2025): rotations R(p) = exp(sum_k p_k A_k) of learned skew-symmetric generators.
 
-The generators are block-diagonal, as in the LieRE code: head channels split into blocks of b, block m
-of axis k holding its own b x b skew matrix A_km. A token at coordinates p [A] turns block m by
-exp(sum_k p_k A_km). Generators of different axes need not commute, so in general
-R(p)^T R(p') != R(p' - p): LieRE is *not* exactly relative (ComRoPE, ``comrope.py``, restores that by
-making the generators commute). ``generator_rotations`` is the shared maths of both.
+As LieRE's code defaults (``ModelArgs``: ``generator_dim`` the head dimension, ``rotary_embedding_per_layer``
+and ``_per_head`` False; its README's core): dense generators (one skew matrix of the head dimension per
+axis), one set shared by every layer and head, coordinates ``linspace(0, n / n_train, n)`` per
+axis (n patches now, n_train at training: the per-patch spacing is kept at another resolution, so a
+larger grid reaches coordinates beyond the training span). ``block_size``, ``per_head`` and
+``per_layer`` give the block-diagonal form (block m of axis k holds its own b x b skew matrix A_km, a
+token at p turning block m by exp(sum_k p_k A_km)) with generators per head and per layer.
+Generators of different axes need not commute, so in general R(p)^T R(p') != R(p' - p): LieRE is *not*
+exactly relative (ComRoPE, ``comrope.py``, restores that by making the generators commute).
+``generator_rotations`` and ``xy_coords`` are the shared maths of both.
 """
 
 from __future__ import annotations
@@ -14,10 +19,15 @@ import math
 import torch
 from torch import nn
 
-from .._validate import check_choice, check_dim, check_float, check_grid, check_int
+from .._validate import check_bool, check_choice, check_dim, check_float, check_grid, check_int
 from ..registry import register
 from .rope import Rotary
-from .rope2d import COORDS, grid_coords
+from .rope2d import grid_coords
+
+# patch coordinates of the block-rotation schemes: ``liere`` linspace(0, n / n_train, n) per axis (LieRE);
+# ``unit`` patch centres (i + 0.5) / n in [0, 1] (ComRoPE); ``normalized`` centres in [-1, 1];
+# ``pixel`` integer indices
+COORDS: tuple[str, ...] = ("liere", "unit", "normalized", "pixel")
 
 
 def generator_rotations(coords: torch.Tensor, generators: torch.Tensor) -> torch.Tensor:
@@ -35,24 +45,48 @@ def upper_skew(raw: torch.Tensor) -> torch.Tensor:
 
 
 def xy_coords(
-    grid: tuple[int, int], coords: str, device: torch.device | None, cells: torch.Tensor | None = None
+    grid: tuple[int, int],
+    coords: str,
+    device: torch.device | None,
+    cells: torch.Tensor | None = None,
+    *,
+    train_grid: tuple[int, int] | None = None,
 ) -> torch.Tensor:
-    """(x, y) patch coordinates [H*W, 2] (or of ``cells`` [M, 2]): indices (``pixel``) or centres in [-1, 1]."""
-    return grid_coords(check_grid(grid), coords, device, cells=cells).flip(-1)
+    """(x, y) patch coordinates [H*W, 2] (or of ``cells`` [M, 2], (y, x) in patch units) in one of ``COORDS``;
+    ``liere`` needs the ``train_grid``."""
+    grid = check_grid(grid)
+    if coords in ("pixel", "normalized"):
+        return grid_coords(grid, coords, device, cells=cells).flip(-1)
+    if cells is None:
+        at = torch.cartesian_prod(*(torch.arange(n, device=device) for n in grid)).float()  # [HW, 2] (y, x)
+    else:
+        at = cells.to(device=device, dtype=torch.float32)
+    n = torch.tensor(grid, device=at.device, dtype=torch.float32)
+    if coords == "unit":
+        yx = (at + 0.5) / n
+    else:  # liere: i * (n / n_train) / (n - 1), the points of linspace(0, n / n_train, n); 0 for n = 1
+        if train_grid is None:
+            raise ValueError("coords='liere' needs train_grid, the training grid (H, W)")
+        span = n / torch.tensor(train_grid, device=at.device, dtype=torch.float32)
+        yx = at * span / (n - 1).clamp(min=1)
+    return yx.flip(-1)
 
 
-@register("liere2d", ndim=2, kind="rotary", trainable=True, relative=False, context=("dim", "num_heads"),
-    per_layer=True,
-    summary="LieRE: block rotations exp(x A_x + y A_y) of learned skew generators per head (not relative)",
-    extrapolation="normalized coords: any grid maps into [-1, 1]; not translation invariant (tested)",
-    reference="Ostmeier et al. 2025 (LieRE)")
+@register("liere2d", ndim=2, kind="rotary", trainable=True, relative=False, context=("dim", "num_heads", "train_grid"),
+    summary="LieRE: rotations exp(x A_x + y A_y) of learned skew generators, dense and shared by all layers and "
+    "heads as LieRE's code (block_size, per_head, per_layer: block form); not relative",
+    extrapolation="LieRE's coords linspace(0, n / n_train): patch spacing kept, beyond the training span on "
+    "larger grids; not translation invariant (tested)",
+    reference="Ostmeier et al. 2025 (LieRE)")  # fmt: skip
 class Liere2d(nn.Module):
-    """LieRE on a patch grid: generators [heads, 2 (x, y), d/b, b, b], one module per layer.
+    """LieRE on a patch grid: generators [(heads,) 2 (x, y), d/b, b, b].
 
     As LieRE's code: the raw parameters start uniform in [0, ``init_range``) (2 pi), the generators are
-    their strict upper triangle minus its transpose. Coordinates: ``normalized`` (default; patch centres
-    in [-1, 1], where LieRE uses [0, 1]: twice the span, so generators of half the size give the same
-    rotations up to a fixed offset) or ``pixel`` (integer indices). Prefix tokens are not rotated.
+    their strict upper triangle minus its transpose. Defaults as LieRE's code defaults:
+    ``block_size`` the head dimension (dense), one set for all heads (``per_head=False``) and all
+    layers (``per_layer=False``), ``coords="liere"`` (``linspace(0, n / n_train, n)`` per axis, n_train
+    from ``train_grid``). Other ``coords``: ``unit``, ``normalized`` (centres in [-1, 1]), ``pixel``.
+    Prefix tokens are not rotated (LieRE gives its cls token the identity).
     """
 
     def __init__(
@@ -60,29 +94,39 @@ class Liere2d(nn.Module):
         *,
         dim: int,
         num_heads: int,
-        block_size: int = 4,
-        coords: str = "normalized",
+        train_grid: tuple[int, int] = (14, 14),
+        block_size: int | None = None,
+        per_head: bool = False,
+        per_layer: bool = False,
+        coords: str = "liere",
         init_range: float = 2 * math.pi,
     ) -> None:
         super().__init__()
-        self.block_size = check_int("block_size", block_size, minimum=2)
-        self.dim = check_dim(dim, self.block_size, "liere2d", what=f"head dimension (blocks of {block_size})")
         self.num_heads = check_int("num_heads", num_heads, minimum=1)
+        self.train_grid = check_grid(train_grid, "train_grid")
+        self.per_head = check_bool("per_head", per_head)
+        self.per_layer = check_bool("per_layer", per_layer)  # read by the host (one module per layer)
+        dim = check_int("dim (head dimension)", dim, minimum=2)
+        self.block_size = dim if block_size is None else check_int("block_size", block_size, minimum=2)
+        self.dim = check_dim(dim, self.block_size, "liere2d", what=f"head dimension (blocks of {self.block_size})")
         self.coords = check_choice("coords", coords, COORDS)
         self.init_range = check_float("init_range", init_range, positive=True)
-        b = self.block_size
-        self.raw = nn.Parameter(torch.rand(self.num_heads, 2, self.dim // b, b, b) * self.init_range)
+        b, heads = self.block_size, ((self.num_heads,) if self.per_head else ())
+        self.raw = nn.Parameter(torch.rand(*heads, 2, self.dim // b, b, b) * self.init_range)
 
     def generators(self) -> torch.Tensor:
-        """Skew-symmetric generators [heads, 2 (x, y), d/b, b, b]."""
+        """Skew-symmetric generators [(heads,) 2 (x, y), d/b, b, b]."""
         return upper_skew(self.raw)
 
     def forward(
         self, grid: tuple[int, int], device: torch.device | None = None, *, cells: torch.Tensor | None = None
     ) -> Rotary:
         """The rotations of the patches of ``grid``, or of the points ``cells`` [M, 2] of an image of that grid."""
-        xy = xy_coords(grid, self.coords, device or self.raw.device, cells)  # [HW or M, 2]
-        return Rotary(None, None, blocks=generator_rotations(xy, self.generators()))  # [heads, HW, d/b, b, b]
+        xy = xy_coords(grid, self.coords, device or self.raw.device, cells, train_grid=self.train_grid)  # [HW, 2]
+        return Rotary(None, None, blocks=generator_rotations(xy, self.generators()))  # [(heads,) HW, d/b, b, b]
 
     def extra_repr(self) -> str:
-        return f"dim={self.dim}, num_heads={self.num_heads}, block_size={self.block_size}, coords={self.coords!r}"
+        return (
+            f"dim={self.dim}, num_heads={self.num_heads}, block_size={self.block_size}, per_head={self.per_head}, "
+            f"per_layer={self.per_layer}, coords={self.coords!r}"
+        )

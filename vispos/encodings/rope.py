@@ -12,7 +12,9 @@ Layouts of the rotary pairs inside a head of ``dim`` channels:
 Angles are computed in fp32 and the rotated result is cast back to the input dtype.
 
 Beyond cos/sin pairs, a ``Rotary`` may carry a learned orthogonal ``basis`` P (STRING: the rotation is
-P R(p) P^T) or general ``blocks``: one b x b rotation per block of b channels (ComRoPE, LieRE).
+P R(p) P^T) or general ``blocks``: one b x b rotation per block of b channels (ComRoPE, LieRE). The
+``rfft`` layout (Circulant-STRING) turns the frequency bins of the channels instead of channel pairs: cos/sin
+[..., N, d/2 + 1] of one angle per bin, applied as irfft(rfft(x) e^{i angle}) in O(d log d).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from ..registry import register
 from .rope_scaling import RopeScaling, as_scaling, check_scaling_dim, scaled_inv_freq
 
 LAYOUTS: tuple[str, ...] = ("half", "interleaved")
+RFFT = "rfft"  # the layout of a circulant rotation: one angle per rfft bin (not a user option)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -51,9 +54,31 @@ def expand_angles(angles: torch.Tensor, layout: str) -> torch.Tensor:
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "half") -> torch.Tensor:
     """Rotate x [..., N, d] by per-channel cos/sin [..., N, d] (broadcast); fp32 maths, x's dtype out."""
+    if layout == RFFT:
+        return apply_rfft(x, cos, sin)
     rot = rotate_half if layout == "half" else rotate_interleaved
     xf = x.float()
     return (xf * cos + rot(xf) * sin).to(x.dtype)
+
+
+def apply_rope_sections(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sections: tuple[int, ...]
+) -> torch.Tensor:
+    """``apply_rope`` in the ``half`` layout inside each of the contiguous channel ``sections`` (N-D RoPE:
+    one section per axis, [t | h | w]); channels past their sum form one more section."""
+    sizes = [s for s in (*sections, x.shape[-1] - sum(sections)) if s]  # an empty section turns nothing
+    xf = x.float()
+    turned = torch.cat([rotate_half(part) for part in xf.split(sizes, dim=-1)], dim=-1)
+    return (xf * cos + turned * sin).to(x.dtype)
+
+
+def apply_rfft(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Circulant rotation of x [..., N, d]: bin m of rfft(x) is turned by the angle whose cos/sin
+    [..., N, d/2 + 1] are given (broadcast), then irfft. fp32 maths (also under autocast), x's dtype out."""
+    with torch.autocast(x.device.type, enabled=False):
+        re, im = torch.view_as_real(torch.fft.rfft(x.float(), dim=-1)).unbind(-1)  # [..., N, d/2 + 1] each
+        turned = torch.complex(re * cos - im * sin, re * sin + im * cos)  # X_m e^{i angle_m}
+        return torch.fft.irfft(turned, n=x.shape[-1], dim=-1).to(x.dtype)
 
 
 def change_basis(x: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
@@ -80,7 +105,8 @@ class Rotary:
     ``basis`` [(heads,) d, d], orthogonal (STRING): q and k are first expressed in that basis (P^T x),
     then turned by cos/sin; the final multiplication by P is left out, as it cancels in q . k.
     ``blocks`` [(heads,) N, d/b, b, b] (ComRoPE, LieRE): general block rotations, used instead of cos/sin,
-    which are then None.
+    which are then None. ``layout`` ``rfft`` (Circulant-STRING): cos/sin [(heads,) N, d/2 + 1] turn the
+    rfft bins of q and k (``apply_rfft``).
     """
 
     cos: torch.Tensor | None
@@ -91,6 +117,7 @@ class Rotary:
     temperature: float = 1.0  # the scaling method's attention factor, already folded into cos and sin
     basis: torch.Tensor | None = None
     blocks: torch.Tensor | None = None
+    sections: tuple[int, ...] = ()  # half layout paired inside these contiguous channel sections (N-D RoPE)
 
     @property
     def heads(self) -> int:
@@ -108,6 +135,10 @@ class Rotary:
             qb, kb = change_basis(q, self.basis), change_basis(k, self.basis)
             rq, rk = apply_rope(qb, self.cos, self.sin, self.layout), apply_rope(kb, self.cos, self.sin, self.layout)
             return rq.to(q.dtype), rk.to(k.dtype)
+        if self.sections and self.layout == "half":  # interleaved pairs never cross a section
+            return apply_rope_sections(q, self.cos, self.sin, self.sections), apply_rope_sections(
+                k, self.cos, self.sin, self.sections
+            )
         if self.q_scale is None:
             return apply_rope(q, self.cos, self.sin, self.layout), apply_rope(k, self.cos, self.sin, self.layout)
         qc, qs = self.cos * self.q_scale, self.sin * self.q_scale
@@ -115,7 +146,9 @@ class Rotary:
         return apply_rope(q, qc, qs, self.layout), apply_rope(k, kc, ks, self.layout)
 
     def with_prefix(self, num_prefix_tokens: int) -> Rotary:
-        """Prepend identity rotations for prefix tokens (cls, registers): they stay exactly unrotated."""
+        """Prepend identity rotations for prefix tokens (cls, registers): they stay unrotated, but take the
+        scaling's attention factor (``temperature``) as every token does, as transformers' token at position 0
+        (angle 0) does: every logit, prefix rows included, gets the same factor^2 (tests/test_yarn_prefix.py)."""
         if num_prefix_tokens == 0:
             return self
 
@@ -132,9 +165,7 @@ class Rotary:
             return replace(self, blocks=torch.cat((ident, blocks), dim=-4))
         # identity rotation, at the same temperature (scaling attention factor) as the patch tokens
         cos, sin = pad(self.cos, self.temperature), pad(self.sin, 0.0)
-        return Rotary(
-            cos, sin, self.layout, pad(self.q_scale, 1.0), pad(self.k_scale, 1.0), self.temperature, self.basis
-        )
+        return replace(self, cos=cos, sin=sin, q_scale=pad(self.q_scale, 1.0), k_scale=pad(self.k_scale, 1.0))
 
 
     def take(self, index: torch.Tensor) -> Rotary:

@@ -214,6 +214,16 @@ class Rope2d(nn.Module):
         self.scaling_y = None if scaling is None else replace(scaling, original_length=h0)
         self.scaling_x = None if scaling is None else replace(scaling, original_length=w0)
 
+    def set_train_grid(self, train_grid: tuple[int, int]) -> None:
+        """Make the scaling in use (if any) relative to ``train_grid``: each axis's original length becomes its
+        size there. A patched model calls it so that its RoPE scaling follows the model's one training grid
+        (``Positions.scaling_grid``), also after loading a checkpoint made at another grid."""
+        self.train_grid = check_grid(train_grid, "train_grid")
+        h0, w0 = self.train_grid
+        if self.scaling_y is not None:
+            self.scaling_y = replace(self.scaling_y, original_length=h0)
+            self.scaling_x = replace(self.scaling_x, original_length=w0)
+
     def get_extra_state(self) -> torch.Tensor:
         """The scaling in use and the grid it is relative to travel with the weights (a tensor record)."""
         if self.scaling_y is None:

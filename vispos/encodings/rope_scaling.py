@@ -313,6 +313,26 @@ def as_scaling(
     return RopeScaling(**merged)
 
 
+def canonical_scaling(scaling: RopeScaling | str | Mapping[str, Any]) -> dict[str, Any]:
+    """A scaling setting in one form, for comparing settings: a dict of every ``RopeScaling`` field, with the
+    type's defaults (``TYPE_OPTIONS``) in place of fields left unset, so that ``"yarn"``,
+    ``{"type": "yarn", "beta_fast": 32}`` and ``RopeScaling("yarn", beta_fast=32.0, ...)`` are one setting.
+    Sequences become lists; nothing is validated (``as_scaling`` does that when the scaling is built)."""
+    if isinstance(scaling, RopeScaling):
+        given = {f.name: getattr(scaling, f.name) for f in fields(RopeScaling)}
+    elif isinstance(scaling, str):
+        given = {"type": scaling}
+    elif isinstance(scaling, Mapping):
+        given = dict(scaling)
+    else:
+        raise TypeError(f"scaling must be a type name, a dict or RopeScaling; got {type(scaling).__name__}")
+    full = {f.name: None for f in fields(RopeScaling)} | {k: v for k, v in given.items() if v is not None}
+    for name, default in TYPE_OPTIONS.get(full.get("type"), {}).items():
+        if full.get(name) is None:
+            full[name] = default
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in full.items()}
+
+
 def _given_twice(values: dict[str, tuple[object, object]]) -> ValueError:
     listed = "; ".join(
         f"{k}: {a!r} in scaling=, {b!r} beside it (a keyword or the training length)" for k, (a, b) in values.items()

@@ -1,20 +1,27 @@
-"""N-D axial RoPE for video (t, h, w) and volumes: the head's rotary pairs split into one section per axis.
+"""N-D axial RoPE for video (t, h, w) and volumes: the head's channels split into one section per axis.
 
-Axis a gets ``split[a]`` channels (even), pair j of its section turning by its coordinate times
-theta ** (-2j / split[a]) (each axis spans the full frequency range, as in Wan and HunyuanVideo). The
-sections follow each other ([t pairs | h pairs | w pairs], the pair layout set by ``layout``); channels
-beyond sum(split) are not rotated. Named channel splits of a head of d channels (``preset``):
+Axis a gets ``split[a]`` channels (even), laid out contiguously in axis order ([t | h | w], as V-JEPA 2,
+Wan and HunyuanVideo do); pair j of its section turns by its coordinate times theta ** (-2j / split[a])
+(each axis spans the full frequency range). ``layout`` pairs the channels inside each section:
+``half`` (channel i with i + split[a]/2 of the same section) or ``interleaved`` (2i with 2i + 1).
+Channels beyond sum(split) are not rotated. Named channel splits of a head of d channels (``preset``):
 
 | preset | split (t, h, w) | theta | layout | source |
 | --- | --- | --- | --- | --- |
-| ``vjepa2`` | 2 floor(floor(d/3) / 2) each, rest unrotated | 10000 | half | V-JEPA 2 (Assran et al. 2025) |
+| ``vjepa2`` | 2 floor(floor(d/3) / 2) each, rest unrotated | 10000 | interleaved | V-JEPA 2 (Assran et al. 2025) |
 | ``wan`` | d - 4 floor(d/6), 2 floor(d/6), 2 floor(d/6) | 10000 | interleaved | Wan 2.1 (Wan team 2025) |
 | ``hunyuanvideo`` | d/8, 7d/16, 7d/16 ((16, 56, 56) of 128) | 256 | interleaved | HunyuanVideo (Kong et al. 2024) |
 
-The presets reproduce the channel split and the frequencies; the pairing of channels inside each model's
-code may differ (``layout`` sets it). Per-axis RoPE scaling (``scaling`` + ``train_size``) stretches
-each axis by its own factor, current / training length, as ``rope2d`` does per image axis.
-For two axes (y, x) with ``split=(d/2, d/2)`` it is ``rope2d`` (``axes="yx"``) exactly.
+Each preset is the rotation of that model's code (``tests/test_ropend_presets.py`` checks it against
+a transcription of each). V-JEPA 2's released code pairs channels 2i, 2i + 1 but lays the frequencies
+out as [f_0 .. f_(s/2-1), f_0 .. f_(s/2-1)] in a section of s channels, so the two channels of a pair
+turn at different frequencies (its code keeps this for its pretrained weights and names the fix, which
+is the ``vjepa2`` preset); ``layout="vjepa2_released"`` reproduces the released rotation, for
+V-JEPA 2's weights. It is not a rotation: logits then depend on more than the offsets.
+Per-axis RoPE scaling (``scaling`` + ``train_size``) stretches each axis by its own factor,
+current / training length, as ``rope2d`` does per image axis. For two axes (y, x) with
+``split=(d/2, d/2)`` it is ``rope2d`` (``axes="yx"``): bit-equal with ``interleaved`` pairs; with
+``half`` the same rotation with the channels of each axis together (rope2d pairs i with i + d/2 across axes).
 """
 
 from __future__ import annotations
@@ -49,10 +56,13 @@ def _hunyuan(d: int) -> tuple[int, ...]:
 
 # name -> (channels per axis from the head dim, theta, layout)
 PRESETS: dict[str, tuple[object, float, str]] = {
-    "vjepa2": (_vjepa2, 10000.0, "half"),
+    "vjepa2": (_vjepa2, 10000.0, "interleaved"),
     "wan": (_wan, 10000.0, "interleaved"),
     "hunyuanvideo": (_hunyuan, 256.0, "interleaved"),
 }
+# the pairings inside a section; vjepa2_released: V-JEPA 2's released code (interleaved pairs, frequencies
+# laid out as in half), kept for its weights
+SECTION_LAYOUTS: tuple[str, ...] = (*LAYOUTS, "vjepa2_released")
 
 
 def check_split(split: object, dim: int) -> tuple[int, ...]:
@@ -77,9 +87,21 @@ def ropend_angles(coords: torch.Tensor, inv_freqs: Sequence[torch.Tensor], pairs
     return torch.cat(angles, dim=-1)
 
 
+def expand_sections(angles: torch.Tensor, split: Sequence[int], layout: str) -> torch.Tensor:
+    """Per-pair angles [..., d/2] (sections in axis order) -> per-channel angles [..., d] in ``layout``
+    inside each section: ``interleaved`` [a0 a0 a1 a1 ..]; ``half`` and ``vjepa2_released``
+    [a0 .. a(s/2-1) a0 .. a(s/2-1)] per section of s channels."""
+    if layout == "interleaved":  # a pair (2i, 2i + 1) never crosses a section
+        return expand_angles(angles, "interleaved")
+    pairs = [s // 2 for s in split]
+    rest = angles.shape[-1] - sum(pairs)
+    parts = angles.split([*pairs, rest] if rest else pairs, dim=-1)  # [..., s/2] per section
+    return torch.cat([expand_angles(p, "half") for p in parts], dim=-1)
+
+
 @register("ropend", ndim=1, kind="rotary", trainable=False, relative=True, context=("dim",), position_axes=3,
-    summary="N-D axial RoPE (video t, h, w; volumes): channel split per axis with presets (vjepa2, wan, "
-    "hunyuanvideo)",
+    summary="N-D axial RoPE (video t, h, w; volumes): a contiguous channel section per axis, presets vjepa2, wan, "
+    "hunyuanvideo as their code (layout vjepa2_released: V-JEPA 2's released pairing, for its weights)",
     extrapolation="unseen angles beyond training lengths; RoPE scaling per axis (scale_axes)",
     reference="V-JEPA 2 (Assran et al. 2025); Wan 2.1 (2025); HunyuanVideo (Kong et al. 2024)")
 class RopeNd(nn.Module):
@@ -87,7 +109,9 @@ class RopeNd(nn.Module):
     coordinates through ``rotary(coords)``).
 
     ``split`` (channels per axis) or ``preset`` (``vjepa2``, ``wan``, ``hunyuanvideo``; default ``wan``'s
-    split when neither is given); ``theta`` and ``layout`` default to the preset's. ``scaling`` with
+    split when neither is given); ``theta`` and ``layout`` default to the preset's (``half`` for a
+    ``split``). ``layout``: ``half``, ``interleaved`` (inside each section) or ``vjepa2_released``
+    (V-JEPA 2's released code, for its weights; not exactly relative). ``scaling`` with
     ``train_size`` (training length per axis) applies RoPE scaling to each axis with its own factor;
     ``scale_axes`` limits it to some axes (e.g. ``(0,)``: time only, for longer clips).
     """
@@ -113,7 +137,7 @@ class RopeNd(nn.Module):
         self.split = check_split(rule(self.dim) if split is None else split, self.dim)  # type: ignore[operator]
         self.theta = check_float("theta", preset_theta if theta is None else theta, positive=True)
         self.layout = check_choice("layout", (preset_layout if split is None else "half") if layout is None else layout,
-                                   LAYOUTS)  # fmt: skip
+                                   SECTION_LAYOUTS)  # fmt: skip
         axes = len(self.split)
         self.scale_axes = tuple(range(axes)) if scale_axes is None else check_ints("scale_axes", scale_axes, minimum=0)
         if any(a >= axes for a in self.scale_axes):
@@ -165,8 +189,11 @@ class RopeNd(nn.Module):
         if lengths is None:
             lengths = [1] * self.num_axes if coords.numel() == 0 else (coords.flatten(0, -2).amax(0) + 1).int().tolist()
         inv, temperature = self.inv_freqs(lengths)
-        angles = expand_angles(ropend_angles(coords, inv, self.dim // 2), self.layout)  # [..., N, dim]
-        return Rotary(angles.cos() * temperature, angles.sin() * temperature, self.layout, temperature=temperature)
+        angles = expand_sections(ropend_angles(coords, inv, self.dim // 2), self.split, self.layout)  # [..., N, dim]
+        cos, sin = angles.cos() * temperature, angles.sin() * temperature
+        if self.layout == "half":
+            return Rotary(cos, sin, "half", temperature=temperature, sections=self.split)
+        return Rotary(cos, sin, "interleaved", temperature=temperature)  # vjepa2_released: interleaved pairs too
 
     def forward(self, positions: torch.Tensor | int) -> Rotary:
         """positions: ids [A, N] / [A, B, N], or a length / [N] for the same id on every axis -> Rotary with

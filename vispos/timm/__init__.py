@@ -9,11 +9,12 @@
 - ``attention.py``: ``PatchedAttention``, which adopts a timm attention's weights and applies the
   positions; its ``positioned`` method is the one q/k path that both ``forward`` and the diagnostics use.
 
-Supported timm: 1.0.30 and newer (``make test`` runs the newest release, ``make test-min`` 1.0.30, the
-floor in ``pyproject.toml``). Before 1.0.30 timm's blocks take no ``is_causal`` (< 1.0.26) and its
-``RotaryEmbeddingCat`` has no ``rotate_half``, so a pretrained RoPE's layout cannot be read. On a newer timm,
-what can break is what vispos reads or overrides below; ``make test-min TIMM_MIN=<version>`` runs the
-same checks against any release.
+Supported timm: 1.0.31 and newer (``make test`` runs the newest release, ``make test-min`` the whole suite at
+the floor in ``pyproject.toml``). Before 1.0.30 timm's blocks take no ``is_causal`` (< 1.0.26) and its
+``RotaryEmbeddingCat`` has no ``rotate_half``, so a pretrained RoPE's layout cannot be read; 1.0.30's
+``NaFlexEmbeds`` has no ``pos_embed_align_corners`` and its ``load_pretrained`` reads JAX ``.npz`` files only.
+On a newer timm, what can break is what vispos reads or overrides below; ``make test-min TIMM_MIN=<version>``
+runs the suite against any release.
 
 What the adapter touches in timm, and what for:
 

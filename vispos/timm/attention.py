@@ -82,6 +82,7 @@ class PatchedAttention(torch.nn.Module):
         (each [B, heads, N, head_dim]), the logit scale and the additive mask. ``forward`` and the
         diagnostics (``vispos.diagnostics.layer_logits``) both call it, so they cannot disagree."""
         require_context(attn_mask)
+        attn_mask.check_tokens(x)
         q, k, v = self.project_normed(x)
         rotary, mask = attn_mask.layer(self.layer_idx)
         if rotary is not None:
@@ -133,6 +134,7 @@ def positioned_attention(
 ) -> torch.Tensor:
     """The patched attention's forward; a torch.fx leaf (the context is a Python object, not a tensor)."""
     require_context(attn_mask)
+    attn_mask.check_tokens(x)  # a context of other tokens: refused by name, not a size error (or a broadcast)
     b, n, _ = x.shape
     gate = attn.gate(x).sigmoid() if attn.gate is not None else None
     dropout_p = attn.attn_drop.p if attn.training else 0.0

@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.fx
+from safetensors import safe_open
 from timm.layers.patch_dropout import patch_dropout_forward
+from timm.models import clean_state_dict, load_state_dict
 from timm.models.eva import Eva
 from torch import nn
 from torch.utils.checkpoint import checkpoint
@@ -236,6 +239,37 @@ def _adopt_rope_freqs(model: PatchedViT, state_dict: dict[str, Any], prefix: str
 
 def _scheme_names(model: PatchedViT) -> str:
     return " + ".join(model.vispos.settings["pos"])
+
+
+# where a checkpoint file keeps an EMA of its weights: timm's train.py, timm's ModelEma users, vispos's trainer
+# (train.ema); and its weights, as timm's load_state_dict looks for them
+EMA_KEYS: tuple[str, ...] = ("state_dict_ema", "model_ema", "ema")
+WEIGHT_KEYS: tuple[str, ...] = ("state_dict", "model")
+
+
+def patched_weights(file: str | Path, *, use_ema: bool = True) -> dict[str, Any] | None:
+    """The weights of a checkpoint file when they are a patched model's (``vispos.`` keys), else None.
+
+    A ``.safetensors`` file is the state dict itself. A torch file may hold several entries, picked as
+    timm's ``load_state_dict`` picks them, with the trainer's ``ema`` read beside timm's EMA entries: with
+    ``use_ema`` the EMA of the weights when the file has one (what a run with ``train.ema`` evaluated and
+    reported), else its weights (``state_dict``, ``model``); a file of neither is the state dict itself."""
+    file = Path(file)
+    if file.suffix.lower() in (".npz", ".npy"):  # JAX weights: never a patched model's
+        return None
+    if file.suffix == ".safetensors":
+        with safe_open(file, framework="pt") as f:
+            if not any(k.startswith("vispos.") for k in f.keys()):  # noqa: SIM118 (safe_open has no __iter__)
+                return None
+        return load_state_dict(str(file))
+    checkpoint = torch.load(file, map_location="cpu", weights_only=True)
+    if isinstance(checkpoint, dict):
+        keys = (*EMA_KEYS, *WEIGHT_KEYS) if use_ema else WEIGHT_KEYS
+        key = next((k for k in keys if isinstance(checkpoint.get(k), Mapping)), None)
+        checkpoint = checkpoint if key is None else checkpoint[key]
+    if not isinstance(checkpoint, Mapping) or not any(str(k).startswith("vispos.") for k in checkpoint):
+        return None
+    return clean_state_dict(dict(checkpoint))
 
 
 _CLASSES: dict[type, type] = {}

@@ -4,9 +4,15 @@ NaFlexVit takes each image at its own size and aspect ratio: pre-patchified ``pa
 with ``patch_coord`` [B, N, 2] (integer (y, x) cells) and ``patch_valid`` [B, N] (padding), as timm's
 NaFlex transform and collator make them (``{"patches", "patch_coord", "patch_valid"}``). A patched model
 reads those coordinates for every scheme: ``Positions.ragged_context`` gives each token the position of
-its cell in its own image's grid (the grid: the bounding box of the image's valid cells, timm's own
-rule), padding is never attended to, and each image in a batch gives what it gives alone. Image input
-[B, C, H, W] runs as a batch of full grids.
+its cell in its own image's grid, padding is never attended to, and each image in a batch gives what it
+gives alone. Image input [B, C, H, W] runs as a batch of full grids.
+
+Each image's grid (H, W) is the bounding box of its valid cells (timm's own rule, ``calculate_naflex_grid_sizes``),
+or ``grid_sizes`` [B, 2] when given (to ``forward`` / ``forward_features``, or as the input dict's
+``"grid_sizes"``): give it whenever a row holds a subset of its image's cells (MAE-style masking, tokens
+kept by a selection of one's own), since normalised coordinates, resized tables, RoPE scaling and log-n read
+the grid, and the kept cells' bounding box may be smaller. timm's patch dropout needs nothing: the grid is
+taken before it drops tokens.
 
 What changes on the model: ``model.vispos`` holds the positions; the embedding's own table
 (``embeds.pos_embed``, learned or factorized) and the model's RoPE are removed (the additive scheme is
@@ -53,17 +59,30 @@ class PatchedNaFlexVit(PositionsHost, NaFlexVit):
         patch_coord: torch.Tensor | None = None,
         patch_valid: torch.Tensor | None = None,
         attn_mask: torch.Tensor | None = None,
+        *,
+        grid_sizes: torch.Tensor | None = None,
     ) -> torch.Tensor | dict[str, torch.Tensor]:
         """NaFlex input (``patch_coord`` given) -> ``{"patches": [B, P + N, C], "patch_valid": [B, N]}``;
-        images [B, C, H, W] -> features [B, P + H*W, C], as timm's NaFlexVit returns them."""
+        images [B, C, H, W] -> features [B, P + H*W, C], as timm's NaFlexVit returns them. ``grid_sizes``
+        [B, 2]: each image's grid (H, W), for rows that hold a subset of its cells (default: the bounding box
+        of the valid cells)."""
         naflex = patch_coord is not None
+        if naflex and (patch_coord.is_floating_point() or patch_coord.is_complex() or patch_coord.dtype == torch.bool):
+            raise ValueError(
+                "NaFlexVit's patch_coord must be integer (y, x) cells [B, N, 2] (timm's NaFlex transforms and "
+                f"collator give int64), got {patch_coord.dtype}; fractional points (merged tokens) go through "
+                "model.vispos.ragged_context"
+            )
+        if grid_sizes is not None:
+            _check_grid_sizes(grid_sizes, patch_coord)
         x, grid = self.embeds(patches, patch_coord=patch_coord, patch_valid=patch_valid)  # no positions added
         b, p = x.shape[0], self.num_prefix_tokens
         if naflex:
             coords, valid = patch_coord, patch_valid
             if valid is None:
                 valid = torch.ones(coords.shape[:2], dtype=torch.bool, device=x.device)
-            sizes = _bounding_grids(coords, valid)  # before dropout: the kept tokens may not span the grid
+            # before dropout: the kept tokens may not span the grid
+            sizes = _bounding_grids(coords, valid) if grid_sizes is None else grid_sizes.to(x.device)
         else:
             h, w = grid
             cells = torch.cartesian_prod(torch.arange(h, device=x.device), torch.arange(w, device=x.device))
@@ -85,10 +104,59 @@ class PatchedNaFlexVit(PositionsHost, NaFlexVit):
         x = self.norm(x)
         return {"patches": x, "patch_valid": patch_valid} if naflex else x
 
+    def forward(
+        self,
+        x: torch.Tensor | dict[str, torch.Tensor],
+        patch_coord: torch.Tensor | None = None,
+        patch_valid: torch.Tensor | None = None,
+        attn_mask: torch.Tensor | None = None,
+        *,
+        grid_sizes: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """timm's ``NaFlexVit.forward`` (images, pre-patchified NaFlex input, or the NaFlex collator's dict, whose
+        entries win over the arguments), with ``grid_sizes`` [B, 2] (or the dict's ``"grid_sizes"``) passed on
+        to ``forward_features``."""
+        if isinstance(x, dict):
+            patches, patch_coord = x["patches"], x.get("patch_coord", patch_coord)
+            patch_valid, attn_mask = x.get("patch_valid", patch_valid), x.get("attn_mask", attn_mask)
+            grid_sizes = x.get("grid_sizes", grid_sizes)
+        elif patch_coord is None:  # images (or patches without coordinates): timm's dense path
+            if grid_sizes is not None:
+                _check_grid_sizes(grid_sizes, None)
+            return self.forward_head(self.forward_features(x))
+        else:
+            patches = x
+        if patch_coord is None or patch_valid is None:
+            raise ValueError("NaFlex input needs patch_coord [B, N, 2] and patch_valid [B, N], as timm's collator "
+                             "gives them")  # fmt: skip
+        features = self.forward_features(patches, patch_coord, patch_valid, attn_mask, grid_sizes=grid_sizes)
+        return self.forward_head(**features)
+
     def forward_intermediates(self, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError(
             "forward_intermediates of a vispos-patched NaFlexVit is not supported yet; use forward_features"
         )
+
+
+def _check_grid_sizes(grid_sizes: object, patch_coord: torch.Tensor | None) -> None:
+    """``grid_sizes`` must be an integer tensor [B, 2] of positive (H, W), beside NaFlex ``patch_coord``."""
+    if patch_coord is None:
+        raise ValueError("grid_sizes gives each image's grid in a NaFlex batch (patches with patch_coord); images "
+                         "[B, C, H, W] carry their own grid")  # fmt: skip
+    b = patch_coord.shape[0]
+    if (
+        not isinstance(grid_sizes, torch.Tensor)
+        or tuple(grid_sizes.shape) != (b, 2)
+        or grid_sizes.is_floating_point()
+        or grid_sizes.is_complex()
+        or grid_sizes.dtype == torch.bool
+    ):
+        is_tensor = isinstance(grid_sizes, torch.Tensor)
+        got = f"{grid_sizes.dtype} tensor {list(grid_sizes.shape)}" if is_tensor else repr(grid_sizes)
+        raise ValueError(f"grid_sizes must be an integer tensor [B, 2] = [{b}, 2] of each image's grid (H, W), "
+                         f"got {got}")  # fmt: skip
+    if not torch.compiler.is_compiling() and bool((grid_sizes < 1).any()):
+        raise ValueError(f"grid_sizes must be positive (H, W), got {grid_sizes.tolist()}")
 
 
 def _bounding_grids(coords: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:

@@ -19,9 +19,8 @@ from typing import Any
 
 import timm
 import torch
-from safetensors import safe_open
 from timm.layers import Format
-from timm.models import load_checkpoint, load_pretrained, load_state_dict
+from timm.models import load_pretrained
 from timm.models.eva import Eva
 from timm.models.naflexvit import NaFlexVit
 from timm.models.vision_transformer import VisionTransformer
@@ -32,9 +31,10 @@ from ..positions import Positions
 from ..registry import SchemeInfo, build_in_context, get_info, list_encodings, split_options
 from .attention import SUPPORTED_ATTENTION, PatchedAttention
 from .inherit import OwnRope, adopt_freqs, merge_options, own_rope, warn
-from .model import PatchedViT, adopt_timm_checkpoint, after_block, patched_class
+from .model import PatchedViT, adopt_timm_checkpoint, after_block, patched_class, patched_weights
 
-SUPPORTED_MODELS: tuple[type, ...] = (VisionTransformer, Eva)
+SUPPORTED_MODELS: tuple[type, ...] = (VisionTransformer, Eva, NaFlexVit)  # NaFlexVit: its own host (naflex.py)
+SUPPORTED = ", ".join(f"timm {c.__name__}" for c in SUPPORTED_MODELS) + " (and subclasses such as DeiT)"
 
 
 # --- patch ----------------------------------------------------------------------------------------
@@ -76,11 +76,10 @@ def _check_model(model: nn.Module) -> None:
     if own_bias is not None:
         raise TypeError(
             f"timm {type(model).__name__} ({own_bias}) has a relative position bias of its own inside every "
-            "attention layer, which vispos does not replace; vispos.patch supports timm VisionTransformer and Eva"
+            f"attention layer, which vispos does not replace; vispos.patch supports {SUPPORTED}"
         )
     if not isinstance(model, SUPPORTED_MODELS):
-        names = ", ".join(f"timm {c.__name__}" for c in SUPPORTED_MODELS)
-        raise TypeError(f"vispos.patch supports {names} (and subclasses such as DeiT); got {type(model).__name__}")
+        raise TypeError(f"vispos.patch supports {SUPPORTED}; got {type(model).__name__}")
     if isinstance(model, PatchedViT):
         raise ValueError(
             "this model is already patched by vispos; patch a fresh model instead "
@@ -99,7 +98,7 @@ def _check_model(model: nn.Module) -> None:
 
 
 def _build(info: SchemeInfo, context: dict[str, Any], options: dict[str, Any], copies: int) -> nn.Module:
-    if info.per_layer:
+    if info.builds_per_layer(options):
         return nn.ModuleList(build_in_context(info, context, options) for _ in range(copies))
     return build_in_context(info, context, options)
 
@@ -262,6 +261,7 @@ def create_model(
     pos: str | list[str],
     pos_options: dict[str, Any] | None = None,
     inherit: bool = True,
+    use_ema: bool = True,
     **timm_kwargs: Any,
 ) -> nn.Module:
     """``timm.create_model(model_name, **timm_kwargs)`` followed by ``patch(model, pos, inherit=inherit,
@@ -271,37 +271,37 @@ def create_model(
     or ``checkpoint_path=``) may be a patched model's (``.safetensors`` or a torch file): they are then
     loaded after patching, through timm's own loaders (so a classifier of another size is dropped as timm
     does). A checkpoint made at another image size loads too: tables are resampled to this model's grid.
+    ``use_ema``: a patched model's checkpoint that holds an EMA of its weights (a trainer checkpoint of a run
+    with ``train.ema``, timm's ``state_dict_ema`` / ``model_ema``) gives the EMA, the weights the run
+    evaluated and reported, as timm's ``load_checkpoint`` does by default; ``use_ema=False`` gives the last
+    step's weights (``model`` / ``state_dict``).
     """
     check_bool("inherit", inherit)
-    file, how = _vispos_weights(timm_kwargs)
-    if file is None:
+    check_bool("use_ema", use_ema)
+    state, how = _vispos_weights(timm_kwargs, use_ema)
+    if state is None:
         return patch(timm.create_model(model_name, **timm_kwargs), pos, inherit=inherit, **(pos_options or {}))
     kwargs = {k: v for k, v in timm_kwargs.items() if k not in ("pretrained", "checkpoint_path")}
     model = patch(timm.create_model(model_name, **kwargs), pos, inherit=inherit, **(pos_options or {}))
-    if how == "pretrained":
-        load_pretrained(model, model.pretrained_cfg, num_classes=model.num_classes, in_chans=_in_chans(model))
+    if how == "pretrained":  # timm's loader, handed the weights picked (it drops a classifier of another size)
+        load_pretrained(model, {**model.pretrained_cfg, "state_dict": state}, num_classes=model.num_classes,
+                        in_chans=_in_chans(model))  # fmt: skip
     else:
-        load_checkpoint(model, file)
+        model.load_state_dict(state)  # as timm's load_checkpoint, once it has read the file
     return model
 
 
-def _vispos_weights(timm_kwargs: dict[str, Any]) -> tuple[str | None, str]:
-    """The file timm would load into the model, when it holds a patched model's weights (``vispos.`` keys)."""
+def _vispos_weights(timm_kwargs: dict[str, Any], use_ema: bool) -> tuple[dict[str, Any] | None, str]:
+    """The weights timm would load into the model, when they are a patched model's (``vispos.`` keys), and
+    how timm was asked to load them (``"checkpoint"`` or ``"pretrained"``)."""
     overlay = timm_kwargs.get("pretrained_cfg_overlay") or {}
     candidates = [(timm_kwargs.get("checkpoint_path"), "checkpoint")]
     if timm_kwargs.get("pretrained"):
         candidates.append((overlay.get("file"), "pretrained"))
     for file, how in candidates:
-        if file and Path(file).is_file() and _holds_vispos(Path(file)):
-            return str(file), how
+        if file and Path(file).is_file() and (state := patched_weights(file, use_ema=use_ema)) is not None:
+            return state, how
     return None, ""
-
-
-def _holds_vispos(file: Path) -> bool:
-    if file.suffix == ".safetensors":
-        with safe_open(file, framework="pt") as f:
-            return any(k.startswith("vispos.") for k in f.keys())  # noqa: SIM118 (safe_open has no __iter__)
-    return any(k.startswith("vispos.") for k in load_state_dict(str(file)))
 
 
 def _in_chans(model: nn.Module) -> int:

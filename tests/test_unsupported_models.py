@@ -1,0 +1,28 @@
+"""A model vispos.patch does not take is refused with the full list of what it takes, NaFlexVit included."""
+
+from __future__ import annotations
+
+import pytest
+import timm
+import torch
+
+import vispos
+
+EVERY_HOST = r"supports timm VisionTransformer, timm Eva, timm NaFlexVit \(and subclasses such as DeiT\)"
+
+
+def test_an_unsupported_class_is_told_every_supported_one() -> None:
+    with pytest.raises(TypeError, match=EVERY_HOST + "; got Linear"):
+        vispos.patch(torch.nn.Linear(3, 3), "rope2d")
+
+
+def test_a_model_with_its_own_relative_bias_is_told_every_supported_one() -> None:
+    model = timm.create_model("beit_base_patch16_224", pretrained=False, depth=1, embed_dim=64, num_heads=2)
+    with pytest.raises(TypeError, match=r"Beit \(BEiT\) has a relative position bias .*" + EVERY_HOST):
+        vispos.patch(model, "rope2d")
+
+
+def test_every_model_the_message_names_is_patched() -> None:
+    """The names come from the classes patch accepts: a NaFlexVit is patched, not refused."""
+    model = timm.create_model("naflexvit_base_patch16_gap", pretrained=False, depth=1, embed_dim=64, num_heads=2)
+    assert vispos.patch(model, "rope2d") is model and hasattr(model, "vispos")
