@@ -304,7 +304,7 @@ def test_cli_writes_table_and_figures(tmp_path: Path, capsys: pytest.CaptureFixt
         (["--heads", "0"], r"--embed-dim and --heads must be >= 1, got 128 and 0"),
         (["--heads", "-2"], r"--embed-dim and --heads must be >= 1"),
         (["--embed-dim", "0"], r"--embed-dim and --heads must be >= 1"),
-        (["--embed-dim", "24", "--heads", "2"], r"\(head dim 12\) does not fit \w+: .*divisible by"),
+        (["--embed-dim", "24", "--heads", "2"], r"\(head dim 12\) does not fit \w+: .*(divisible by|must be >=)"),
         (["--embed-dim", "8", "--heads", "2"], r"\(head dim 4\) does not fit \w+"),
         (["--grid", "1", "5"], r"--grid needs at least 2 patches per axis"),
         (["--grid", "0", "-3"], r"--grid needs at least 2 patches per axis"),
@@ -332,7 +332,7 @@ def test_cli_bad_out_folder_is_one_error_line(tmp_path: Path, capsys: pytest.Cap
     a_file.write_text("x")
     for out, message in ((a_file, r"is a file; give a folder"), (a_file / "sub", r"cannot create the folder")):
         with pytest.raises(SystemExit) as exit_info:
-            main(["--out", str(out), "--grid", "3", "3", "--embed-dim", "16", "--heads", "2"])
+            main(["--out", str(out), "--grid", "3", "3", "--embed-dim", "32", "--heads", "2"])
         assert exit_info.value.code == 2
         assert re.search(message, capsys.readouterr().err.splitlines()[-1])
 

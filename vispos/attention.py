@@ -8,7 +8,6 @@ Masks follow SDPA: a bool mask is True where attention is allowed; a float mask 
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -106,36 +105,24 @@ def shaw_attention(
     return probs @ v + buckets @ tables.value_table.to(q.dtype)
 
 
-# One compiled FlexAttention for every shape: sizes (tokens, grids, a ragged batch's size set) reach it as
-# tensor shapes, which are dynamic, and never as Python numbers, which would be guarded on and recompile
-# (``offset_score_mod``, ``RaggedLayout.flex_score_mod``). A call still kept off the compiled path past
-# dynamo's recompile limit warns (``flex_bias_attention``) instead of silently running the eager kernel.
-_compiled_flex = torch.compile(flex_attention, dynamic=True)
+_compiled_flex = torch.compile(flex_attention, dynamic=False)  # compiled on first use, once per shape
 
 
-class FlexFallbackWarning(UserWarning):
-    """FlexAttention left its compiled kernel (dynamo's recompile limit): it runs eagerly, materialising the
-    [B, heads, N, N] scores."""
-
-
-def offset_score_mod(per_offset: torch.Tensor, num_prefix_tokens: int, prefix_bias: torch.Tensor | None
-                     ):  # noqa: ANN201  (a FlexAttention score_mod)
+def offset_score_mod(
+    per_offset: torch.Tensor, grid: tuple[int, int], num_prefix_tokens: int, prefix_bias: torch.Tensor | None
+):  # noqa: ANN201  (a FlexAttention score_mod)
     """FlexAttention score_mod adding a relative 2D bias looked up per offset, so no [heads, N, N] mask exists.
 
     ``per_offset`` [heads, 2H-1, 2W-1] holds the bias of offset (dy, dx) = query - key at
-    [dy + H - 1, dx + W - 1]; tokens are P prefix tokens then the H x W grid, row-major. Prefix rows and
-    columns take ``prefix_bias`` [3, heads] (prefix->patch, patch->prefix, prefix->prefix) or zero. The grid
-    reaches the score_mod as a tensor and the table as one row per head (a dynamic length, 1 only for a 1 x 1
-    grid), so a compiled kernel serves every grid.
+    [dy + H - 1, dx + W - 1]; tokens are P prefix tokens then the grid, row-major. Prefix rows and columns
+    take ``prefix_bias`` [3, heads] (prefix->patch, patch->prefix, prefix->prefix) or zero.
     """
+    h, w = grid
     p = num_prefix_tokens
-    table = per_offset.flatten(1).clone()  # [heads, (2H-1)(2W-1)], not a view (dynamo guards a view's base)
-    grid = torch.tensor([(n + 1) // 2 for n in per_offset.shape[1:]], dtype=torch.int32, device=per_offset.device)
 
     def score_mod(score, b, head, q_idx, kv_idx):  # noqa: ANN001, ANN202
-        h, w = grid[0], grid[1]
         qp, kp = (q_idx - p).clamp(min=0), (kv_idx - p).clamp(min=0)  # patch index (prefix: clamped, unused)
-        bias = table[head, (qp // w - kp // w + h - 1) * (2 * w - 1) + qp % w - kp % w + w - 1]
+        bias = per_offset[head, qp // w - kp // w + h - 1, qp % w - kp % w + w - 1]
         if p:
             to_patch, from_patch, among = (
                 (prefix_bias[i, head] for i in range(3)) if prefix_bias is not None else (0.0, 0.0, 0.0)
@@ -161,18 +148,5 @@ def flex_bias_attention(
 ) -> torch.Tensor:
     """softmax(q k^T * scale + relative bias) v through FlexAttention (compiled, fused) for q, k, v
     [B, heads, N, head_dim]; equal to ``sdpa`` with the dense mask, without building it."""
-    if torch.compiler.is_compiling():  # inside a compiled model: traced into its graph
-        return flex_attention(q, k, v, score_mod=bias.score_mod, block_mask=bias.block_mask, scale=scale)
-    try:
-        with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
-            return _compiled_flex(q, k, v, score_mod=bias.score_mod, block_mask=bias.block_mask, scale=scale)
-    except torch._dynamo.exc.FailOnRecompileLimitHit:
-        limit = torch._dynamo.config.recompile_limit
-        warnings.warn(
-            f"FlexAttention was compiled {limit} times (torch._dynamo.config.recompile_limit) and runs uncompiled "
-            "from here on, materialising the [B, heads, N, N] scores: raise the limit, or call "
-            "torch.compiler.reset() between models of different head counts, dtypes or devices",
-            FlexFallbackWarning,
-            stacklevel=2,
-        )
-        return flex_attention(q, k, v, score_mod=bias.score_mod, block_mask=bias.block_mask, scale=scale)
+    attend = flex_attention if torch.compiler.is_compiling() else _compiled_flex
+    return attend(q, k, v, score_mod=bias.score_mod, block_mask=bias.block_mask, scale=scale)

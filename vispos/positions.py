@@ -517,7 +517,8 @@ class Positions(nn.Module):
         module, layout = self._module(index), ctx.ragged
         entries = getattr(module, "prefix_bias", None)
         if layout is None:
-            return FlexBias(offset_score_mod(module.offset_bias(ctx.grid, ctx.device), self.num_prefix_tokens, entries))
+            return FlexBias(offset_score_mod(module.offset_bias(ctx.grid, ctx.device), ctx.grid, self.num_prefix_tokens,
+                                             entries))  # fmt: skip
         values = with_prefix_entries(self._size_offsets(module, ctx), entries)
         if ctx.block_mask is None and not layout.one_image_per_row():  # built once, shared by every layer
             b, t = layout.image.shape

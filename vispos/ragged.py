@@ -149,17 +149,15 @@ class RaggedLayout:
         """FlexAttention's ``score_mod`` for a relative bias on this batch: ``values`` [heads, V] as
         ``offset_index`` reads them (every size's per-offset values, then BEiT's three prefix entries); the
         index of each pair is computed from the two tokens' cells and grid, so no [B, T, T] tensor exists.
-        Pairs of different images read a clamped index (their scores are masked: ``flex_mask_mod``).
-        Everything that depends on the batch's sizes is a tensor (its length read inside, a dynamic shape),
-        so one compiled kernel serves every set of sizes."""
+        Pairs of different images read a clamped index (their scores are masked: ``flex_mask_mod``)."""
         counts = torch.tensor([(2 * h - 1) * (2 * w - 1) for h, w in self.sizes], device=self.image.device)
+        total = int(counts.sum())
         start = (torch.cumsum(counts, 0) - counts).to(torch.int32)[self.group]  # [B, T]
         y, x = self.yx[..., 0].to(torch.int32), self.yx[..., 1].to(torch.int32)
         h, w = self.hw[..., 0].to(torch.int32), self.hw[..., 1].to(torch.int32)
         prefix = self.prefix
 
         def score_mod(score, b, head, q_idx, kv_idx):  # noqa: ANN001, ANN202
-            total = values.shape[1] - 3  # the per-offset values, before the three prefix entries
             hq, wq = h[b, q_idx], w[b, q_idx]
             dy = y[b, q_idx] - y[b, kv_idx] + hq - 1
             dx = x[b, q_idx] - x[b, kv_idx] + wq - 1
