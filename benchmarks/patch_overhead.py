@@ -11,13 +11,16 @@ RoPE model (``vit_small_patch16_rope_224``, Eva) and relative-bias model (``vit_
 against themselves with their positional module removed. ``string2d (folded)``: STRING after
 ``fold_string`` (its basis moved into the q/k projections), the form to deploy. Repetitions are
 interleaved (each round times every configuration once) and ratios use per-round medians, so machine
-noise hits all rows alike.
+noise hits all rows alike. Each ratio comes with a 95 % bootstrap interval over the rounds; the control
+row (the unpatched model timed again as a second configuration) shows what the machine's noise alone
+gives, so a row's ratio is resolved when its interval clears the control's.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import time
 from collections.abc import Callable
@@ -31,6 +34,14 @@ from vispos.diagnostics.kernels import sdpa_kernels
 from vispos.encodings.string import fold_string
 
 MODEL = "vit_small_patch16_224"
+CONTROL = f"control: timm {MODEL} again"
+
+
+def interval(ratios: list[float], resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """95 % percentile bootstrap interval of the median of per-round ratios (rounds resampled)."""
+    rng = random.Random(seed)
+    medians = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(resamples))
+    return medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
 
 
 def _without_timm_positions(name: str) -> nn.Module:
@@ -49,6 +60,7 @@ def _without_timm_positions(name: str) -> nn.Module:
 def configurations(schemes: list[str] | None = None) -> dict[str, tuple[str, Callable[[], nn.Module]]]:
     """label -> (baseline label, builder); ``schemes``: only these vispos schemes (and no timm models)."""
     configs: dict[str, tuple[str, Callable[[], nn.Module]]] = {f"timm {MODEL}": ("", lambda: timm.create_model(MODEL))}
+    configs[CONTROL] = (f"timm {MODEL}", lambda: timm.create_model(MODEL))  # the same model: noise alone
     for scheme in vispos.list_encodings(ndim=2) if schemes is None else schemes:
         configs[f"vispos {scheme}"] = (f"timm {MODEL}", lambda s=scheme: vispos.create_model(MODEL, pos=s))
         if scheme == "string2d":  # STRING's basis folded into the q/k projections: RoPE's cost at inference
@@ -115,17 +127,25 @@ def run(
             if base:
                 ratios = [t / b for t, b in zip(times[label][kind], times[base][kind], strict=True)]
                 row[f"{kind} ratio"] = statistics.median(ratios)
+                row[f"{kind} ratio 95% interval"] = interval(ratios)
         results[label] = row
     return results
 
 
 def table(results: dict[str, dict[str, float]]) -> str:
     lines = [
-        "| configuration | fwd ms | fwd ratio | fwd+bwd ms | fwd+bwd ratio | SDPA kernel (fwd / training) |",
+        "| configuration | fwd ms | fwd ratio [95 % interval] | fwd+bwd ms | fwd+bwd ratio [95 % interval] "
+        "| SDPA kernel (fwd / training) |",
         "| --- | ---: | ---: | ---: | ---: | --- |",
     ]
+    def shown(row: dict, kind: str) -> str:
+        if f"{kind} ratio" not in row:
+            return "1 (baseline)"
+        low, high = row[f"{kind} ratio 95% interval"]
+        return f"{row[f'{kind} ratio']:.3f} [{low:.3f}, {high:.3f}]"
+
     for label, row in results.items():
-        ratio = {k: f"{row[k]:.3f}" if k in row else "1 (baseline)" for k in ("fwd ratio", "fwd+bwd ratio")}
+        ratio = {f"{k} ratio": shown(row, k) for k in ("fwd", "fwd+bwd")}
         cells = [label, f"{row['fwd ms']:.1f}", ratio["fwd ratio"], f"{row['fwd+bwd ms']:.1f}", ratio["fwd+bwd ratio"]]
         lines.append("| " + " | ".join([*cells, f"{row['fwd kernel']} / {row['fwd+bwd kernel']}"]) + " |")
     return "\n".join(lines)

@@ -67,8 +67,10 @@ def split(seed: int, leak: bool = False) -> tuple[np.ndarray, np.ndarray]:
 
 
 def near_glyphs_of_one_type(cells: np.ndarray) -> np.ndarray:
-    """A leaking count task: the same images with every glyph near the marker made an hbar (cell values
-    as the generator writes them: glyph k of ``ART`` is k + 1, empty 0)."""
+    """A leaking count task: the same images with every glyph near the marker made an hbar and every hbar
+    farther away a vbar, so that the near glyphs are of a type no distractor has (left among the distractors,
+    hbars would appear in nearly every image and their presence say little). Cell values as the generator
+    writes them: glyph k of ``ART`` is k + 1, empty 0."""
     solid = list(ART).index("solid")
     n, g, _ = cells.shape
     at = np.argwhere(cells == solid)  # [N, 3]: (image, y, x), one marker per image
@@ -77,7 +79,9 @@ def near_glyphs_of_one_type(cells: np.ndarray) -> np.ndarray:
     d2 = (ys[None] - at[:, 1, None, None]) ** 2 + (xs[None] - at[:, 2, None, None]) ** 2
     near = (d2 > 0) & (d2 <= COUNT_RADIUS**2) & (cells >= 0)
     out = cells + 1
-    out[near] = list(ART).index("hbar") + 1
+    hbar = list(ART).index("hbar")
+    out[~near & (cells == hbar)] = list(ART).index("vbar") + 1
+    out[near] = hbar + 1
     return out
 
 

@@ -4,6 +4,7 @@ new image at the evaluation grid, the shuffled-label control, and a tiny end-to-
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -170,9 +171,13 @@ def test_shuffled_control_permutes_the_training_labels_only(tmp_path: Path) -> N
 def test_grid_task_settings_that_would_change_the_answer_are_refused(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="no augmentation.*accepted: none"):
         build_data(grid_config(tmp_path, augment="flip").data)
-    with pytest.raises(DataError, match="multiples of 4 px, got 30"):  # a 2 px patch would accept 30 px
-        build_data(tiny_config(tmp_path, data={"dataset": "grid_count", "img_size": 30},
-                               model={"patch_size": 2}, eval={"sizes": [30]}).data)
+    # 30 px is whole 2 px patches but not whole 4 px cells: refused when the config is read, and by
+    # build_data for settings that never went through a config
+    with pytest.raises(ConfigError, match=r"data\.img_size: grid tasks draw 4 px cells.*multiples of 4 px, got 30"):
+        tiny_config(tmp_path, data={"dataset": "grid_count", "img_size": 30}, model={"patch_size": 2},
+                    eval={"sizes": [30]})
+    with pytest.raises(DataError, match="multiples of 4 px, got 30"):
+        build_data(dataclasses.replace(grid_config(tmp_path, "grid_count").data, img_size=30))
     with pytest.raises(DataError, match="classes are fixed"):
         build_data(grid_config(tmp_path, num_classes=2).data)
     with pytest.raises(ConfigError, match="grid_lookup"):  # the choices are listed

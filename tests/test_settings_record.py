@@ -38,6 +38,8 @@ def format1(model: torch.nn.Module) -> dict[str, object]:
     """The model's state dict as a vispos of format 1 wrote it: unpadded JSON, the options as given."""
     state = model.state_dict()
     for key, record in records(model).items():
+        if record.dtype != torch.uint8:  # another module's extra state (string2d's folded flag)
+            continue
         settings = _state.decode(record)
         if key == "vispos._extra_state":
             settings["settings"]["options"] = dict(model.vispos.settings["options"])
@@ -174,3 +176,13 @@ def test_a_scaling_spelled_with_its_defaults_is_the_same_setting(spelling: dict[
     make("rope2d", seed=1, scaling=spelling).load_state_dict(saved.state_dict())
     other = {"pos": ["rope2d"], "options": {"scaling": {"type": "yarn", "beta_fast": 16}}, "train_grid": (4, 4)}
     assert not same_positions(a, other)
+
+
+def test_an_old_record_whose_meaning_changed_without_an_option_is_refused_by_name() -> None:
+    """string2d(freqs="golden") turns other directions since format 2, with no option for the former ones: its
+    format-1 checkpoint is refused, naming the change, while a format-1 string2d of another kind loads."""
+    old = format1(make("string2d", freqs="golden"))
+    with pytest.raises(ValueError, match=r"written by vispos 0\.1 .*string2d\(freqs='golden'\) now turns"):
+        make("string2d", seed=1, freqs="golden").load_state_dict(old)
+    make("string2d", seed=1, freqs="axial").load_state_dict(format1(make("string2d", freqs="axial")))
+    make("string2d", seed=1, freqs="golden").load_state_dict(make("string2d", freqs="golden").state_dict())

@@ -47,6 +47,13 @@ FORMAT1_DEFAULTS: dict[str, dict[str, Any]] = {
     "rope2d_golden": {"theta": 100.0, "spacing": "golden_angle", "per_head": False, "coords": "pixel"},
 }
 
+# (scheme, option, value) -> why a format-1 record with that value cannot be read today: its meaning changed
+# with no option to ask for the former one, so such a checkpoint is refused by name, never reinterpreted.
+FORMAT1_REFUSED: dict[tuple[str, str, Any], str] = {
+    ("string2d", "freqs", "golden"): "string2d(freqs='golden') now turns rope2d_golden's per-head directions at "
+    "multiples of pi / phi (golden-gate RoPE); the former directions (one set, golden angle) are not available",
+}
+
 
 def encode(settings: Mapping[str, Any]) -> torch.Tensor:
     """Plain settings (dicts, lists, numbers, strings, None) -> a uint8 tensor [RECORD_BYTES] of their JSON."""
@@ -93,6 +100,10 @@ def options_as_written(schemes: list[str], options: Mapping[str, Any], version: 
     old: dict[str, Any] = {}
     for name in schemes:
         old |= FORMAT1_DEFAULTS.get(name, {})
+        for (scheme, option, value), why in FORMAT1_REFUSED.items():
+            if scheme == name and options.get(option) == value:
+                raise ValueError(f"this checkpoint's positions were written by vispos 0.1 (settings format "
+                                 f"{version}) and cannot be read today: {why}")  # fmt: skip
     return old | dict(options)
 
 

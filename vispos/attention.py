@@ -8,10 +8,11 @@ Masks follow SDPA: a bool mask is True where attention is allowed; a float mask 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
+import torch._dynamo
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
@@ -105,42 +106,59 @@ def shaw_attention(
     return probs @ v + buckets @ tables.value_table.to(q.dtype)
 
 
-_compiled_flex = torch.compile(flex_attention, dynamic=False)  # compiled on first use, once per shape
+# One compiled kernel for every input size: the dimensions that follow the size (the sequence, the bias
+# table's length, a ragged batch's per-token values) are marked dynamic before each call, and nothing of a
+# size reaches a score_mod as a Python value (the grid comes as a tensor). A captured int or float is a guard:
+# it would recompile for each new size and, past torch._dynamo's cache limit, fall back to uncompiled
+# FlexAttention, which materialises the scores. On CPU, sizes stay static (one compile per size): torch 2.14's
+# CPU kernel renames its block-size symbols by string replacement, which breaks the generated C++ whenever
+# another size symbol's name begins with theirs (e.g. ks3 and ks34).
+_compiled_flex = torch.compile(flex_attention)
+_compiled_flex_static = torch.compile(flex_attention, dynamic=False)
+_STATIC_SIZE_DEVICES = {"cpu"}
 
 
-def offset_score_mod(
-    per_offset: torch.Tensor, grid: tuple[int, int], num_prefix_tokens: int, prefix_bias: torch.Tensor | None
-):  # noqa: ANN201  (a FlexAttention score_mod)
+def offset_score_mod(values: torch.Tensor, grid: torch.Tensor, num_prefix_tokens: int):  # noqa: ANN201
     """FlexAttention score_mod adding a relative 2D bias looked up per offset, so no [heads, N, N] mask exists.
 
-    ``per_offset`` [heads, 2H-1, 2W-1] holds the bias of offset (dy, dx) = query - key at
-    [dy + H - 1, dx + W - 1]; tokens are P prefix tokens then the grid, row-major. Prefix rows and columns
-    take ``prefix_bias`` [3, heads] (prefix->patch, patch->prefix, prefix->prefix) or zero.
+    ``values`` [heads, (2H-1)(2W-1) + 3] is ``with_prefix_entries`` of the per-offset bias: offset
+    (dy, dx) = query - key at (dy + H - 1) * (2W - 1) + dx + W - 1, then BEiT's prefix entries (prefix ->
+    patch, patch -> prefix, prefix -> prefix; zero without them). ``grid`` is (H, W) as an int tensor, so a new
+    grid is new data for the compiled kernel, not a recompile. Tokens are P prefix tokens then the grid,
+    row-major.
     """
-    h, w = grid
-    p = num_prefix_tokens
+    h, w = grid[0], grid[1]
+    p = num_prefix_tokens  # fixed by the model: a guard that never changes
+    total = (2 * h - 1) * (2 * w - 1)  # where the prefix entries begin
 
     def score_mod(score, b, head, q_idx, kv_idx):  # noqa: ANN001, ANN202
         qp, kp = (q_idx - p).clamp(min=0), (kv_idx - p).clamp(min=0)  # patch index (prefix: clamped, unused)
-        bias = per_offset[head, qp // w - kp // w + h - 1, qp % w - kp % w + w - 1]
-        if p:
-            to_patch, from_patch, among = (
-                (prefix_bias[i, head] for i in range(3)) if prefix_bias is not None else (0.0, 0.0, 0.0)
-            )
-            from_prefix = torch.where(kv_idx < p, among, to_patch)
-            bias = torch.where(q_idx < p, from_prefix, torch.where(kv_idx < p, from_patch, bias))
-        return score + bias.to(score.dtype)
+        index = (qp // w - kp // w + h - 1) * (2 * w - 1) + qp % w - kp % w + w - 1
+        if p:  # prefix rows and columns read their entries: one gather from one table
+            query, key = q_idx < p, kv_idx < p
+            index = torch.where(query, torch.where(key, total + 2, total), torch.where(key, total + 1, index))
+        return score + values[head, index].to(score.dtype)
 
     return score_mod
 
 
 @dataclass
 class FlexBias:
-    """A relative bias as FlexAttention takes it: a ``score_mod`` adding each pair's bias, and a block mask
-    (padding and other images' tokens hidden, ragged batches) or None (every pair attends)."""
+    """A relative bias as FlexAttention takes it: a ``score_mod`` adding each pair's bias (and, in a ragged
+    batch, hiding padding and other images' tokens), the tensors it reads with the dimension of each that follows
+    the input size (marked dynamic, so that a new size is new data for the compiled kernel, not a recompile),
+    and an optional block mask of the caller's (vispos builds none: a block mask holds its sequence length as a
+    Python int, so a new length recompiles)."""
 
     score_mod: Callable
     block_mask: BlockMask | None = None
+    sized: tuple[tuple[torch.Tensor, int], ...] = ()
+
+
+def _mark_sizes_dynamic(tensors: Iterable[tuple[torch.Tensor, int]]) -> None:
+    for tensor, dim in tensors:
+        if tensor.shape[dim] > 1:  # a size of 1 stays specialised, as torch.compile does
+            torch._dynamo.mark_dynamic(tensor, dim)
 
 
 def flex_bias_attention(
@@ -148,5 +166,11 @@ def flex_bias_attention(
 ) -> torch.Tensor:
     """softmax(q k^T * scale + relative bias) v through FlexAttention (compiled, fused) for q, k, v
     [B, heads, N, head_dim]; equal to ``sdpa`` with the dense mask, without building it."""
-    attend = flex_attention if torch.compiler.is_compiling() else _compiled_flex
+    if torch.compiler.is_compiling():  # inside the caller's compiled graph: its own dynamic shapes
+        attend = flex_attention
+    elif q.device.type in _STATIC_SIZE_DEVICES:
+        attend = _compiled_flex_static
+    else:
+        _mark_sizes_dynamic([(q, 2), (k, 2), (v, 2), *bias.sized])
+        attend = _compiled_flex
     return attend(q, k, v, score_mod=bias.score_mod, block_mask=bias.block_mask, scale=scale)

@@ -16,7 +16,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.attention.flex_attention import create_block_mask
 
 from ._state import encode, options_as_written, read
 from ._validate import check_grid
@@ -43,7 +42,7 @@ class PositionContext:
     ragged: RaggedLayout | None = None  # per-token images, cells and grid sizes (``Positions.ragged_context``)
     query_scale: torch.Tensor | None = None  # [B, 1, T, 1]: per-token logit scale (log-n, ragged batches)
     caller_mask: bool = False  # the caller gave a mask of its own (a ragged context keeps FlexAttention off)
-    block_mask: Any = None  # FlexAttention's block mask of a ragged batch, built once when first needed
+    grid_tensor: torch.Tensor | None = None  # (H, W) on the device, for FlexAttention's score_mod: made once
 
     def layer(self, index: int) -> tuple[Rotary | QueryScaled | None, torch.Tensor | None]:
         """(rotation: cos/sin [(heads,) N, d] or None, additive mask [1, heads, N, N] or the caller's mask).
@@ -116,8 +115,17 @@ def position_differences(saved: dict[str, Any], own: dict[str, Any]) -> str:
     if list(saved["pos"]) != list(own["pos"]):
         return f"schemes {' + '.join(saved['pos'])} in the checkpoint, {' + '.join(own['pos'])} in this model"
     a, b = canonical_options(saved["pos"], saved["options"]), canonical_options(own["pos"], own["options"])
-    names = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+    names = differing_options(saved, own)
     return ", ".join(f"{k}: {a.get(k)!r} in the checkpoint, {b.get(k)!r} in this model" for k in names)
+
+
+def differing_options(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """The options two settings of the same schemes set to different values (canonically, ``canonical_options``);
+    none for settings of other schemes."""
+    if list(a["pos"]) != list(b["pos"]):
+        return []
+    x, y = canonical_options(a["pos"], a["options"]), canonical_options(b["pos"], b["options"])
+    return sorted(k for k in x.keys() | y.keys() if x.get(k) != y.get(k))
 
 
 def _saved_state(record: torch.Tensor | dict[str, Any]) -> dict[str, Any]:
@@ -163,8 +171,14 @@ def _kept_indices(mask: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
     return mask.nonzero()[:, 1].view(b, -1)  # [B, K]: row-major, as the mask is read
 
 
-def _describe(settings: dict[str, Any]) -> str:
-    options = ", ".join(f"{k}={v!r}" for k, v in sorted(settings["options"].items()))
+def _describe(settings: dict[str, Any], differing: set[str]) -> str:
+    """``schemes(options) at a HxW training grid``, naming the options of ``settings`` that differ from the
+    schemes' current defaults or are among the ``differing`` ones (a record holds every option, a model the
+    ones it was given)."""
+    defaults = canonical_options(settings["pos"], {})
+    shown = [(k, v) for k, v in sorted(settings["options"].items())
+             if k in differing or k not in defaults or defaults[k] != v]  # fmt: skip
+    options = ", ".join(f"{k}={v!r}" for k, v in shown)
     h, w = settings["train_grid"]
     return f"{' + '.join(settings['pos'])}({options}) at a {h}x{w} training grid"
 
@@ -251,9 +265,11 @@ class Positions(nn.Module):
             saved = _saved_state(record)["settings"]
             if not same_positions(saved, self.settings):
                 if self.strict_loading:
+                    own = self.settings
+                    differing = set(differing_options(saved, own))
                     raise ValueError(
-                        f"the checkpoint's positions are {_describe(saved)}; this model's are "
-                        f"{_describe(self.settings)} (they differ in {position_differences(saved, self.settings)})"
+                        f"the checkpoint's positions are {_describe(saved, differing)}; this model's are "
+                        f"{_describe(own, differing)} (they differ in {position_differences(saved, own)})"
                         ": patch a fresh model the way the checkpoint's was patched "
                         "and load it, or load with strict=False to keep only the weights outside the positions"
                     )
@@ -517,13 +533,13 @@ class Positions(nn.Module):
         module, layout = self._module(index), ctx.ragged
         entries = getattr(module, "prefix_bias", None)
         if layout is None:
-            return FlexBias(offset_score_mod(module.offset_bias(ctx.grid, ctx.device), ctx.grid, self.num_prefix_tokens,
-                                             entries))  # fmt: skip
+            values = with_prefix_entries(module.offset_bias(ctx.grid, ctx.device), entries)
+            if ctx.grid_tensor is None:  # one host-to-device copy per forward, not per layer
+                ctx.grid_tensor = torch.tensor(ctx.grid, device=ctx.device)
+            return FlexBias(offset_score_mod(values, ctx.grid_tensor, self.num_prefix_tokens), sized=((values, 1),))
         values = with_prefix_entries(self._size_offsets(module, ctx), entries)
-        if ctx.block_mask is None and not layout.one_image_per_row():  # built once, shared by every layer
-            b, t = layout.image.shape
-            ctx.block_mask = create_block_mask(layout.flex_mask_mod(), b, None, t, t, device=ctx.device)
-        return FlexBias(layout.flex_score_mod(values), ctx.block_mask)
+        score_mod, sized = layout.flex_score_mod(values)  # padding and other images hidden by the score_mod
+        return FlexBias(score_mod, None, sized)
 
     def _combined(self, out: Rotary | torch.Tensor, user: torch.Tensor | None) -> Rotary | torch.Tensor:
         """A bias mask plus the caller's mask (a rotation is returned as it is)."""
@@ -603,7 +619,12 @@ class Positions(nn.Module):
             kept = None if ctx.tokens is None else ctx.tokens[:, p:] - p  # [B, K]: the rows' patch indices
             n = grid[0] * grid[1] if kept is None else kept.shape[1]
             if x.shape[1] != n:
-                held = "the H*W cells of the grid" if kept is None else "one token per kept cell (keep)"
+                if kept is None:
+                    held = "the H*W cells of the grid"
+                elif keep.dtype == torch.bool:
+                    held = "one token per kept cell (keep, a bool mask [B, H*W]: its True cells per row)"
+                else:
+                    held = "one token per kept cell (keep [B, K])"
                 raise ValueError(f"x holds {x.shape[1]} tokens per row; {held} is {n}")
             if self.additive is not None and self.enabled:
                 table = self.additive(grid, x.device).to(x.dtype)  # [H*W, C]

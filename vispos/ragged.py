@@ -149,36 +149,33 @@ class RaggedLayout:
         """FlexAttention's ``score_mod`` for a relative bias on this batch: ``values`` [heads, V] as
         ``offset_index`` reads them (every size's per-offset values, then BEiT's three prefix entries); the
         index of each pair is computed from the two tokens' cells and grid, so no [B, T, T] tensor exists.
-        Pairs of different images read a clamped index (their scores are masked: ``flex_mask_mod``)."""
+        Padded or packed rows also hide what ``structure_mask`` hides (scores of -inf) in the score_mod: a
+        block mask would carry the sequence length as a Python int, a recompile per length. Returns the
+        score_mod and the tensors it reads with their dimension that follows the batch's sizes."""
         counts = torch.tensor([(2 * h - 1) * (2 * w - 1) for h, w in self.sizes], device=self.image.device)
-        total = int(counts.sum())
+        total = counts.sum().to(torch.int32)  # a tensor: as a Python int, a guard (a recompile per set of sizes)
         start = (torch.cumsum(counts, 0) - counts).to(torch.int32)[self.group]  # [B, T]
-        y, x = self.yx[..., 0].to(torch.int32), self.yx[..., 1].to(torch.int32)
-        h, w = self.hw[..., 0].to(torch.int32), self.hw[..., 1].to(torch.int32)
-        prefix = self.prefix
+        # every per-token value in one [B, T, 7] tensor: one dynamic length for the compiled kernel
+        tokens = torch.stack((start, *self.yx.unbind(-1), *self.hw.unbind(-1), self.prefix, self.image), -1)
+        tokens = tokens.to(torch.int32)
+        masked = not self.one_image_per_row()
 
         def score_mod(score, b, head, q_idx, kv_idx):  # noqa: ANN001, ANN202
-            hq, wq = h[b, q_idx], w[b, q_idx]
-            dy = y[b, q_idx] - y[b, kv_idx] + hq - 1
-            dx = x[b, q_idx] - x[b, kv_idx] + wq - 1
-            index = (start[b, q_idx] + dy * (2 * wq - 1) + dx).clamp(0, total - 1)
-            query, key = prefix[b, q_idx], prefix[b, kv_idx]
-            index = torch.where(query, torch.where(key, total + 2, total), torch.where(key, total + 1, index))
-            return score + values[head, index].to(score.dtype)
+            start, y, x, h, w, prefix, image = (tokens[b, q_idx, i] for i in range(7))  # the query's
+            key_y, key_x, key_prefix, key_image = (tokens[b, kv_idx, i] for i in (1, 2, 5, 6))
+            index = start + (y - key_y + h - 1) * (2 * w - 1) + x - key_x + w - 1
+            index = torch.minimum(index.clamp(min=0), total - 1)  # (pairs of two images: masked)
+            index = torch.where(prefix > 0, torch.where(key_prefix > 0, total + 2, total),
+                                torch.where(key_prefix > 0, total + 1, index))  # fmt: skip
+            score = score + values[head, index].to(score.dtype)
+            if not masked:
+                return score
+            # a token attends to its own image's tokens; a padding query to every valid key and to itself
+            key_valid = key_image >= 0
+            allowed = ((image == key_image) & key_valid) | ((image < 0) & (key_valid | (q_idx == kv_idx)))
+            return torch.where(allowed, score, -float("inf"))
 
-        return score_mod
-
-    def flex_mask_mod(self):  # noqa: ANN201  (a FlexAttention mask_mod)
-        """FlexAttention's ``mask_mod`` of ``structure_mask``: a token attends to its own image's tokens; a
-        padding query to every valid key and to itself."""
-        image = self.image
-
-        def mask_mod(b, head, q_idx, kv_idx):  # noqa: ANN001, ANN202
-            key_valid = image[b, kv_idx] >= 0
-            same = (image[b, q_idx] == image[b, kv_idx]) & key_valid
-            return same | ((image[b, q_idx] < 0) & (key_valid | (q_idx == kv_idx)))
-
-        return mask_mod
+        return score_mod, ((values, 1), (tokens, 1))
 
     def structure_mask(self) -> torch.Tensor:
         """[B, 1, T, T] additive fp32: 0 where a query may attend to a key, -inf elsewhere. A token attends

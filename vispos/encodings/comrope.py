@@ -21,6 +21,7 @@ from torch import nn
 
 from .._validate import check_choice, check_dim, check_float, check_int
 from ..registry import register
+from ._cache import InferenceCache
 from .liere import generator_rotations, xy_coords
 from .rope import Rotary
 
@@ -77,6 +78,7 @@ class ComRope2d(nn.Module):
             self.scale = nn.Parameter(torch.randn(AXES, blocks))
         else:
             self.register_buffer("mask", axis_partition_mask(AXES, blocks), persistent=False)  # [2, M, 1, 1]
+        self.cache = InferenceCache()  # the rotations of the last grids, at inference
 
     def generators(self) -> torch.Tensor:
         """Pairwise commuting skew generators [heads, 2 (x, y), d/b, b, b]."""
@@ -88,9 +90,15 @@ class ComRope2d(nn.Module):
     def forward(
         self, grid: tuple[int, int], device: torch.device | None = None, *, cells: torch.Tensor | None = None
     ) -> Rotary:
-        """The rotations of the patches of ``grid``, or of the points ``cells`` [M, 2] of an image of that grid."""
-        xy = xy_coords(grid, self.coords, device or self.base.device, cells)  # [HW or M, 2]
-        return Rotary(None, None, blocks=generator_rotations(xy, self.generators()))  # [heads, HW, d/b, b, b]
+        """The rotations of the patches of ``grid``, or of the points ``cells`` [M, 2] of an image of that grid
+        (a grid's: computed once at inference, ``InferenceCache``)."""
+        device = device or self.base.device
+
+        def rotation() -> Rotary:
+            xy = xy_coords(grid, self.coords, device, cells)  # [HW or M, 2]
+            return Rotary(None, None, blocks=generator_rotations(xy, self.generators()))  # [heads, HW, d/b, b, b]
+
+        return rotation() if cells is not None else self.cache.get(self, (tuple(grid), str(device)), rotation)
 
     def extra_repr(self) -> str:
         return (

@@ -19,8 +19,10 @@ import math
 import torch
 from torch import nn
 
+from .._state import decode, encode
 from .._validate import check_bool, check_choice, check_dim, check_float, check_grid, check_int
 from ..registry import register
+from ._cache import InferenceCache
 from .rope import Rotary
 from .rope2d import grid_coords
 
@@ -87,6 +89,10 @@ class Liere2d(nn.Module):
     layers (``per_layer=False``), ``coords="liere"`` (``linspace(0, n / n_train, n)`` per axis, n_train
     from ``train_grid``). Other ``coords``: ``unit``, ``normalized`` (centres in [-1, 1]), ``pixel``.
     Prefix tokens are not rotated (LieRE gives its cls token the identity).
+
+    n_train is ``coord_grid``: the training grid, or, once a checkpoint made at another grid is loaded, that
+    checkpoint's (as cpb2d's ``offset_grid``), so the generators keep the patch spacing they learned on; it
+    travels with the weights.
     """
 
     def __init__(
@@ -113,6 +119,31 @@ class Liere2d(nn.Module):
         self.init_range = check_float("init_range", init_range, positive=True)
         b, heads = self.block_size, ((self.num_heads,) if self.per_head else ())
         self.raw = nn.Parameter(torch.rand(*heads, 2, self.dim // b, b, b) * self.init_range)
+        self.coord_grid = self.train_grid
+        self.cache = InferenceCache()  # the rotations of the last grids, at inference
+
+    def get_extra_state(self) -> torch.Tensor:
+        return encode({"coord_grid": list(self.coord_grid)})
+
+    def set_extra_state(self, state: torch.Tensor) -> None:
+        self.coord_grid = check_grid(tuple(decode(state)["coord_grid"]), "coord_grid")
+
+    def resample_state(
+        self, state: dict[str, torch.Tensor], prefix: str, old_grid: tuple[int, int], new_grid: tuple[int, int]
+    ) -> None:
+        """Loading a checkpoint made at ``old_grid``: a record made before liere2d kept its coordinate grid
+        stands for that grid (its coordinates' n_train); the generators are kept as they are."""
+        state.setdefault(f"{prefix}_extra_state", encode({"coord_grid": list(old_grid)}))
+
+    def _load_from_state_dict(
+        self, state_dict: dict, prefix: str, local_metadata: dict, strict: bool,
+        missing_keys: list[str], unexpected_keys: list[str], error_msgs: list[str],
+    ) -> None:  # fmt: skip
+        """A checkpoint without this module's record (made before liere2d kept its coordinate grid) at this
+        module's grid: that grid."""
+        state_dict.setdefault(f"{prefix}_extra_state", self.get_extra_state())
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)  # fmt: skip
 
     def generators(self) -> torch.Tensor:
         """Skew-symmetric generators [(heads,) 2 (x, y), d/b, b, b]."""
@@ -121,9 +152,17 @@ class Liere2d(nn.Module):
     def forward(
         self, grid: tuple[int, int], device: torch.device | None = None, *, cells: torch.Tensor | None = None
     ) -> Rotary:
-        """The rotations of the patches of ``grid``, or of the points ``cells`` [M, 2] of an image of that grid."""
-        xy = xy_coords(grid, self.coords, device or self.raw.device, cells, train_grid=self.train_grid)  # [HW, 2]
-        return Rotary(None, None, blocks=generator_rotations(xy, self.generators()))  # [(heads,) HW, d/b, b, b]
+        """The rotations of the patches of ``grid``, or of the points ``cells`` [M, 2] of an image of that grid
+        (a grid's: computed once at inference, ``InferenceCache``)."""
+        device = device or self.raw.device
+
+        def rotation() -> Rotary:
+            xy = xy_coords(grid, self.coords, device, cells, train_grid=self.coord_grid)  # [HW or M, 2]
+            return Rotary(None, None, blocks=generator_rotations(xy, self.generators()))  # [(heads,) HW, d/b, b, b]
+
+        if cells is not None:
+            return rotation()
+        return self.cache.get(self, (tuple(grid), str(device), tuple(self.coord_grid)), rotation)
 
     def extra_repr(self) -> str:
         return (

@@ -39,8 +39,10 @@ FREQ_RANGE: tuple[float, float] = (0.2, 20.0)  # golden-gate RoPE's ImageNet set
 
 
 def linear_angles(coords: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
-    """coords [N, A] x freqs [(heads,) A, F] -> per-pair angles [(heads,) N, F] in fp32: <omega_j, p>."""
-    return coords.float() @ freqs.float()
+    """coords [N, A] x freqs [(heads,) A, F] -> per-pair angles [(heads,) N, F] in fp32: <omega_j, p> (also
+    under autocast, which would run the matmul in bf16 / fp16: angles of tens of rad would lose 0.1 rad)."""
+    with torch.autocast(coords.device.type, enabled=False):
+        return coords.float() @ freqs.float()
 
 
 def golden_freqs(
@@ -88,9 +90,10 @@ def linspace_coords(
     """(x, y) [H*W or M, 2]: golden-gate RoPE's frame, x = linspace(-sqrt(W/H), sqrt(W/H), W) and
     y = linspace(-sqrt(H/W), sqrt(H/W), H) (the image's aspect at a fixed area: [-1, 1]^2 on a square grid,
     corners included); ``cells`` (fractional indices) on the same lines."""
-    h, w = grid
-    half = torch.tensor((math.sqrt(h / w), math.sqrt(w / h)), device=device)  # (y, x) half extents
-    step = torch.tensor((2 / (h - 1) if h > 1 else 0.0, 2 / (w - 1) if w > 1 else 0.0), device=device)
+    one = torch.ones((), device=device, dtype=torch.float32)
+    hw = torch.stack((one * grid[0], one * grid[1]))  # (H, W) as a tensor: export keeps the sizes symbolic
+    half = (hw / hw.flip(0)).sqrt()  # (y, x) half extents
+    step = torch.where(hw > 1, 2 / (hw - 1).clamp(min=1), 0.0)  # linspace's step; a single point at -half
     yx = grid_coords(grid, "pixel", device, cells=cells)  # indices [N, 2]
     return (half * (yx * step - 1)).flip(-1)
 

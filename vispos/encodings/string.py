@@ -20,6 +20,7 @@ from torch import nn
 
 from .._validate import check_choice, check_dim, check_float, check_int
 from ..registry import register
+from ._cache import InferenceCache
 from .rope import LAYOUTS, RFFT, Rotary, expand_angles
 from .rope2d import COORDS, CoordAugment, Rope2dMixed
 from .rotary_nd import _coords, axial_freqs, golden_freqs, linear_angles
@@ -101,6 +102,7 @@ class String2d(nn.Module):
         self.layout = check_choice("layout", layout, LAYOUTS)
         self.augment = CoordAugment()  # none: the coordinate pipeline of rope2d, unaugmented
         self.folded = False  # True once P^T lives in the q/k projections (``fold_string``)
+        self.cache = InferenceCache()  # the rotations of the last grids, at inference
         if self.variant == "circulant":
             if self.freq_kind != "mixed" or self.layout != "half":
                 raise ValueError("variant='circulant' learns its generators (RoPE-Mixed's init) and turns "
@@ -138,13 +140,20 @@ class String2d(nn.Module):
     def forward(
         self, grid: tuple[int, int], device: torch.device | None = None, *, cells: torch.Tensor | None = None
     ) -> Rotary:
-        """The rotations of the patches of ``grid``, or of the points ``cells`` [M, 2] of an image of that grid."""
-        angles = self.angles(grid, device, cells)
-        if self.variant == "circulant":
-            return Rotary(angles.cos(), angles.sin(), RFFT)  # [heads, HW or M, d/2 + 1]
-        angles = expand_angles(angles, self.layout)  # [(heads,) HW or M, d]
-        basis = None if self.folded else self.basis()
-        return Rotary(angles.cos(), angles.sin(), self.layout, basis=basis)
+        """The rotations of the patches of ``grid``, or of the points ``cells`` [M, 2] of an image of that grid
+        (a grid's, with the basis: computed once at inference, ``InferenceCache``)."""
+
+        def rotation() -> Rotary:
+            angles = self.angles(grid, device, cells)
+            if self.variant == "circulant":
+                return Rotary(angles.cos(), angles.sin(), RFFT)  # [heads, HW or M, d/2 + 1]
+            angles = expand_angles(angles, self.layout)  # [(heads,) HW or M, d]
+            basis = None if self.folded else self.basis()
+            return Rotary(angles.cos(), angles.sin(), self.layout, basis=basis)
+
+        if cells is not None:
+            return rotation()
+        return self.cache.get(self, (tuple(grid), str(device), self.folded), rotation)
 
     def get_extra_state(self) -> torch.Tensor:
         """Whether the basis was folded into the projections travels with the weights (they differ)."""

@@ -90,12 +90,16 @@ class PatchedAttention(torch.nn.Module):
         return q, k, v, self.scale * attn_mask.logit_scale, mask
 
     def flex_attend(self, x: torch.Tensor, ctx: PositionContext, bias: FlexBias) -> torch.Tensor:
-        """The same attention through FlexAttention: the relative bias looked up per offset, no mask built
-        (a ragged batch's per-token log-n scale multiplies q)."""
+        """The same attention through FlexAttention: the relative bias looked up per offset, no mask built.
+        A log-n scale multiplies q (per token in a ragged batch): the kernel's ``scale`` stays the model's,
+        since a float that follows the input size would be a guard of the compiled kernel (a recompile)."""
         q, k, v = self.project_normed(x)
         if ctx.query_scale is not None:
             q = (q.float() * ctx.query_scale).to(q.dtype)
-        return flex_bias_attention(q, k, v, bias, scale=self.scale * ctx.logit_scale)
+        elif ctx.logit_scale != 1.0:
+            q = q * ctx.logit_scale
+        # q in one layout whether it was scaled or not: the compiled kernel guards on the strides
+        return flex_bias_attention(q.contiguous(), k, v, bias, scale=self.scale)
 
     def forward(
         self,
