@@ -4,10 +4,12 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 FMNIST := /usr/share/datasets/fashion-mnist
 
-# The oldest timm vispos declares (pyproject.toml), tested by `make test-min`.
+# The oldest timm vispos declares (pyproject.toml), tested by `make test-min`; the oldest transformers the
+# transformers adapter declares (the hf extra), tested by `make test-hf-min`.
 TIMM_MIN := $(shell sed -n 's/^ *"timm>=\([0-9.]*\)".*/\1/p' pyproject.toml)
+TRANSFORMERS_MIN := $(shell sed -n 's/^hf = \["transformers>=\([0-9.]*\)".*/\1/p' pyproject.toml)
 
-.PHONY: test test-min wheel-check demo lint describe fmnist clean
+.PHONY: test test-min test-hf-min wheel-check demo lint describe fmnist clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +40,14 @@ test-min: $(VENV)/.installed fmnist
 	  $(VENV)-min/bin/python -c "import timm; assert timm.__version__ == '$(TIMM_MIN)', timm.__version__" && \
 	  $(VENV)-min/bin/python -m pytest -q -p no:cacheprovider; \
 	fi
+
+# The transformers floor: the adapter's tests in a virtual environment layered on $(VENV) with
+# transformers==$(TRANSFORMERS_MIN) of its own.
+test-hf-min: $(VENV)/.installed
+	.ci/layered-venv $(VENV)-hf-min $(PY)
+	$(VENV)-hf-min/bin/python -m pip install --quiet "transformers==$(TRANSFORMERS_MIN)"
+	$(VENV)-hf-min/bin/python -c "import transformers as t; assert t.__version__.startswith('$(TRANSFORMERS_MIN).'), t.__version__"
+	$(VENV)-hf-min/bin/python -m pytest -q -p no:cacheprovider tests/test_hf_patch.py tests/test_hf_floor.py
 
 # The wheel holds vispos only, and README's quick start runs from it in a clean environment (torch reused).
 wheel-check: $(VENV)/.installed

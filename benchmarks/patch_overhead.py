@@ -1,7 +1,7 @@
 """Speed of patched models against their unpatched baseline, measured in one interleaved run.
 
     python -m benchmarks.patch_overhead [--reps 10] [--batch 8] [--device cpu|cuda] [--json out.json]
-                                        [--schemes rope2d,string2d,...]
+                                        [--schemes rope2d,string2d,...] [--transformers]
 
 For ``vit_small_patch16_224`` at 224 px (random init): the time of a forward pass under
 ``torch.inference_mode()`` (what a user's evaluation sees) and of a training step (forward + backward)
@@ -14,6 +14,10 @@ interleaved (each round times every configuration once) and ratios use per-round
 noise hits all rows alike. Each ratio comes with a 95 % bootstrap interval over the rounds; the control
 row (the unpatched model timed again as a second configuration) shows what the machine's noise alone
 gives, so a row's ratio is resolved when its interval clears the control's.
+
+``--transformers``: the same for a transformers ``Dinov2Model`` of DINOv2-S's size (384 wide, 12 layers,
+6 heads, patch 14, sdpa) against itself unpatched, with a control row of its own: its table inherited
+(``learned2d``), with ``rope2d`` beside it, and the bias schemes.
 """
 
 from __future__ import annotations
@@ -76,6 +80,40 @@ def configurations(schemes: list[str] | None = None) -> dict[str, tuple[str, Cal
     return configs
 
 
+HF_MODEL = "transformers Dinov2Model (DINOv2-S size)"
+HF_SCHEMES: tuple[str | list[str], ...] = ("learned2d", ["learned2d", "rope2d"], "rope2d_mixed", "relbias2d", "alibi2d")
+
+
+class _LastHidden(nn.Module):
+    """A transformers model whose call returns its last hidden state (a tensor, as a timm model's output)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x).last_hidden_state
+
+
+def _dinov2_small(pos: str | list[str] | None = None) -> nn.Module:
+    import transformers
+
+    config = transformers.Dinov2Config(hidden_size=384, num_hidden_layers=12, num_attention_heads=6, patch_size=14,
+                                       image_size=224, attn_implementation="sdpa")  # fmt: skip
+    model = transformers.Dinov2Model(config)
+    return _LastHidden(model if pos is None else vispos.patch(model, pos, inherit=pos != "rope2d_mixed"))
+
+
+def transformers_configurations() -> dict[str, tuple[str, Callable[[], nn.Module]]]:
+    """The transformers rows: DINOv2-S unpatched (the baseline, and again as the control) and patched."""
+    configs: dict[str, tuple[str, Callable[[], nn.Module]]] = {HF_MODEL: ("", _dinov2_small)}
+    configs[f"control: {HF_MODEL} again"] = (HF_MODEL, _dinov2_small)
+    for pos in HF_SCHEMES:
+        label = " + ".join([pos] if isinstance(pos, str) else pos)
+        configs[f"vispos {label} on {HF_MODEL}"] = (HF_MODEL, lambda p=pos: _dinov2_small(p))
+    return configs
+
+
 def _time(fn: Callable[[], object], device: torch.device) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -87,10 +125,10 @@ def _time(fn: Callable[[], object], device: torch.device) -> float:
 
 
 def run(
-    reps: int, batch: int, device: torch.device, schemes: list[str] | None = None
+    reps: int, batch: int, device: torch.device, schemes: list[str] | None = None, hf: bool = False
 ) -> dict[str, dict[str, float]]:
     torch.manual_seed(0)
-    configs = configurations(schemes)
+    configs = configurations(schemes) | (transformers_configurations() if hf else {})
     models = {label: build().to(device) for label, (_, build) in configs.items()}
     x = torch.randn(batch, 3, 224, 224, device=device)
 
@@ -159,10 +197,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", default=None, help="also write the results here")
     parser.add_argument("--schemes", default=None, help="comma-separated vispos schemes to time (default: all, "
                         "with timm's own RoPE and relative-bias models)")  # fmt: skip
+    parser.add_argument("--transformers", action="store_true", help="also time a transformers DINOv2-S patched "
+                        "and unpatched")  # fmt: skip
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     schemes = None if args.schemes is None else [vispos.get_info(s, 2).name for s in args.schemes.split(",")]
-    results = run(args.reps, args.batch, device, schemes)
+    results = run(args.reps, args.batch, device, schemes, hf=args.transformers)
     print(f"{MODEL} at 224 px, batch {args.batch}, fp32, {device.type}, {args.reps} interleaved rounds "
           "(forward under torch.inference_mode; training step = forward + backward)")
     print(table(results))

@@ -58,12 +58,14 @@ BAD: dict[str, list[object]] = {
     "section_layout": CHOICE,
     "out_of_range": CHOICE,
     "resample": CHOICE,
+    "interpolation": CHOICE,
     "variant": CHOICE,
     "freqs": CHOICE,
     "preset": CHOICE[:-1],  # None: no preset
     "spacing": CHOICE,
     # flags
     "factorized": FLAG,
+    "antialias": FLAG,
     "per_head": FLAG,
     "per_layer": FLAG,
     "prefix_entries": FLAG,

@@ -240,3 +240,17 @@ def test_inherited_dinov3_with_xy_indexing_reproduces_the_original():
     vispos.patch(model, "rope2d")
     for size in sizes(64, 16):
         assert max_difference(original, model, size) <= 1e-5, size
+
+
+def test_a_model_patched_in_eval_mode_draws_no_coordinate_augmentation() -> None:
+    """DINOv3's augmentation is inherited (rescale_coords) and drawn in training mode only: a model patched in eval
+    mode gives its unpatched outputs, the same at every call."""
+    model = timm.create_model("vit_base_patch16_dinov3", img_size=64, embed_dim=64, depth=2, num_heads=4,
+                              num_classes=0, rope_rescale_coords=2.0).eval()  # fmt: skip
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        want = model(x)
+        vispos.patch(model, "rope2d")
+        assert model.vispos_cfg["options"]["rescale_coords"] == 2.0 and not model.vispos.training
+        torch.testing.assert_close(model(x), want, rtol=0, atol=1e-5)
+        torch.testing.assert_close(model(x), want, rtol=0, atol=1e-5)

@@ -11,25 +11,33 @@ from ..registry import register
 
 OUT_OF_RANGE: tuple[str, ...] = ("error", "clamp", "interpolate")
 RESAMPLE: tuple[str, ...] = ("resize", "grid_sample")
+INTERPOLATION: tuple[str, ...] = ("bicubic", "bilinear")
 
 
-def resize_bicubic(img: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
-    """[1, C, H, W] -> [1, C, H', W'], bicubic with antialiasing.
+def resize_bicubic(
+    img: torch.Tensor, size: tuple[int, int], antialias: bool = True, mode: str = "bicubic"
+) -> torch.Tensor:
+    """[1, C, H, W] -> [1, C, H', W'], bicubic (or ``mode="bilinear"``), with antialiasing unless
+    ``antialias=False`` (which only changes a reduction: upsampled, both are the same).
 
     A one-column output is computed as a one-row output: torch's antialiased bicubic kernel (CPU, torch
     2.14) returns wrong values when it resizes the height of a width-1 output in some memory layouts.
     """
     if size[1] == 1 and size[0] != 1 and img.shape[-2] != size[0]:
-        return resize_bicubic(img.transpose(-2, -1), (1, size[0])).transpose(-2, -1)
-    return F.interpolate(img, size=size, mode="bicubic", antialias=True, align_corners=False)
+        return resize_bicubic(img.transpose(-2, -1), (1, size[0]), antialias, mode).transpose(-2, -1)
+    return F.interpolate(img, size=size, mode=mode, antialias=antialias, align_corners=False)
 
 
-def resample_table_2d(table: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
-    """[H, W, d] -> [H', W', d]: bicubic with antialiasing (timm's ``resample_abs_pos_embed`` rule)."""
+def resample_table_2d(
+    table: torch.Tensor, grid: tuple[int, int], antialias: bool = True, mode: str = "bicubic"
+) -> torch.Tensor:
+    """[H, W, d] -> [H', W', d] in fp32, cast back: bicubic with antialiasing (timm's ``resample_abs_pos_embed``
+    rule), or without (``antialias=False``: transformers' ViT, DeiT, DINOv2, CLIP and SigLIP); ``mode="bilinear"``
+    with antialiasing is SigLIP 2's rule."""
     if same_size(table.shape[:2], grid):
         return table  # bicubic at the same size returns the table exactly; this only skips the work
     img = table.permute(2, 0, 1)[None].float()  # [1, d, H, W]
-    out = resize_bicubic(img, tuple(grid))
+    out = resize_bicubic(img, tuple(grid), antialias, mode)
     return out[0].permute(1, 2, 0).to(table.dtype)
 
 
@@ -96,6 +104,8 @@ class Learned2d(nn.Module):
     bicubic with antialiasing (timm's ``resample_abs_pos_embed``, and NaFlexVit's default path);
     ``"grid_sample"`` samples it bicubically at each cell's centre, clamped to the table's border (timm
     NaFlexVit's ``pos_embed_use_grid_sample=True``), which defines it between cells too (``sample``).
+    ``antialias=False`` resizes without antialiasing, as transformers' ViTs do (the same table upsampled,
+    another one reduced); ``interpolation="bilinear"`` resizes bilinearly (SigLIP 2, with antialiasing).
     """
 
     def __init__(
@@ -107,12 +117,18 @@ class Learned2d(nn.Module):
         num_prefix_tokens: int = 0,
         init_std: float = 0.02,
         resample: str = "resize",
+        antialias: bool = True,
+        interpolation: str = "bicubic",
     ) -> None:
         super().__init__()
         self.dim = check_int("dim", dim, minimum=1)
         self.train_grid = check_grid(train_grid, "train_grid")
+        self.antialias = check_bool("antialias", antialias)
         self.factorized = check_bool("factorized", factorized)
         self.resample = check_choice("resample", resample, RESAMPLE)
+        self.interpolation = check_choice("interpolation", interpolation, INTERPOLATION)
+        if self.interpolation != "bicubic" and self.resample == "grid_sample":
+            raise ValueError("resample='grid_sample' samples bicubically; interpolation applies to resample='resize'")
         if self.factorized and self.resample == "grid_sample":
             raise ValueError("resample='grid_sample' samples a full [H, W, dim] table; use it with factorized=False")
         check_int("num_prefix_tokens", num_prefix_tokens, minimum=0)
@@ -157,7 +173,7 @@ class Learned2d(nn.Module):
             key = f"{prefix}{name}"
             if key in state:
                 table = state[key] if name == "table" else state[key].reshape(*old, -1)
-                resampled = resample_table_2d(table, new)
+                resampled = resample_table_2d(table, new, self.antialias, self.interpolation)
                 state[key] = resampled if name == "table" else resampled.reshape(max(new), -1)
 
     def sample(self, cells: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
@@ -190,7 +206,7 @@ class Learned2d(nn.Module):
             cells = torch.cartesian_prod(torch.arange(h, device=at), torch.arange(w, device=at))
             return self.sample(cells, torch.tensor([h, w], device=at).expand(h * w, 2))
         if self.factorized:
-            row = resample_table_2d(self.row[:, None], (h, 1))[:, 0]  # [H', d]
-            col = resample_table_2d(self.col[None], (1, w))[0]  # [W', d]
+            row = resample_table_2d(self.row[:, None], (h, 1), self.antialias, self.interpolation)[:, 0]  # [H', d]
+            col = resample_table_2d(self.col[None], (1, w), self.antialias, self.interpolation)[0]  # [W', d]
             return (row[:, None] + col[None]).reshape(h * w, self.dim)
-        return resample_table_2d(self.table, (h, w)).reshape(h * w, self.dim)
+        return resample_table_2d(self.table, (h, w), self.antialias, self.interpolation).reshape(h * w, self.dim)

@@ -15,8 +15,6 @@ selects the half layout, otherwise pairs are interleaved.
 
 from __future__ import annotations
 
-import warnings
-from dataclasses import dataclass, field
 from typing import Any
 
 import timm
@@ -29,32 +27,12 @@ from timm.layers.pos_embed_sincos import (
 )
 from torch import nn
 
+from ..host import OwnRope, PretrainedPositionsWarning, adopt_freqs, merge_options, warn
+
+__all__ = ["OwnRope", "PretrainedPositionsWarning", "adopt_freqs", "merge_options", "own_rope", "timm_freqs", "warn"]
+
 # timm < 1.0.31's RotaryEmbeddingDinoV3 puts y first whatever its grid_indexing; 1.0.31 honours "xy"
 _DINOV3_HONOURS_XY = tuple(int(p) for p in timm.__version__.split(".")[:3] if p.isdigit()) >= (1, 0, 31)
-
-
-class PretrainedPositionsWarning(UserWarning):
-    """Patching discards or overrides positions a pretrained model's weights were trained with."""
-
-
-@dataclass
-class OwnRope:
-    """A timm model's RoPE as a vispos scheme: ``scheme`` with ``options`` (plus learned ``freqs`` for
-    RoPE-Mixed, [2 (x, y), depth, heads, head_dim / 2])."""
-
-    scheme: str
-    options: dict[str, Any]
-    source: str
-    freqs: torch.Tensor | None = field(default=None, repr=False)
-    freqs_order: str = "xy"  # timm's first frequency component multiplies x ("xy") or y ("yx")
-
-    def record(self) -> dict[str, str]:
-        """What ``vispos_cfg["inherited"]`` keeps: the source, and for learned frequencies their axis order
-        (so a plain timm checkpoint's ``rope.freqs`` can be loaded later, see ``adopt_timm_checkpoint``)."""
-        return {"from": self.source} | ({"freqs_order": self.freqs_order} if self.freqs is not None else {})
-
-    def describe(self) -> str:
-        return f"{self.source}: {self.scheme}({', '.join(f'{k}={v!r}' for k, v in self.options.items())})"
 
 
 def _augmentation(rope: nn.Module) -> dict[str, float]:
@@ -115,34 +93,3 @@ def timm_freqs(freqs: torch.Tensor, order: str) -> torch.Tensor:
     """timm's RoPE-Mixed ``freqs`` [2, depth, heads, d/2] in vispos's (x, y) component order."""
     freqs = freqs.detach()
     return freqs.flip(0) if order == "yx" else freqs
-
-
-def merge_options(own: OwnRope, chosen: dict[str, Any]) -> dict[str, Any]:
-    """The inherited options with the user's on top; one warning names every override."""
-    overridden = {k: v for k, v in chosen.items() if k in own.options and _differs(v, own.options[k])}
-    if overridden:
-        said = ", ".join(f"{k}={v!r}" for k, v in overridden.items())
-        assumed = ", ".join(f"{k}={own.options[k]!r}" for k in overridden)
-        warn(
-            f"you set {said}, but this model's pretrained weights assume {assumed} ({own.source}); "
-            "its outputs will change. Drop those options to keep what the model learned"
-        )
-    return own.options | chosen
-
-
-def _differs(a: Any, b: Any) -> bool:
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return tuple(a) != tuple(b)
-    return a != b
-
-
-def adopt_freqs(modules: nn.ModuleList, own: OwnRope) -> None:
-    """Copy RoPE-Mixed's learned frequencies, layer by layer, into vispos's per-layer modules."""
-    assert own.freqs is not None
-    with torch.no_grad():
-        for i, module in enumerate(modules):
-            module.freqs.copy_(own.freqs[:, i])
-
-
-def warn(message: str) -> None:
-    warnings.warn(message, PretrainedPositionsWarning, stacklevel=4)

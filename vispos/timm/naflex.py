@@ -189,6 +189,7 @@ def patch_naflex(
              "starts fresh. inherit=False starts fresh without this warning")  # fmt: skip
     grid = tuple(embeds.pos_embed_grid_size)
     model.vispos = build_positions(model, schemes, per_scheme, grid, table_prefix=0, kept=kept, table=table)
+    model.vispos.train(model.training)  # a model patched in eval mode stays in it
     for name in ("pos_embed", "pos_embed_y", "pos_embed_x"):
         if getattr(embeds, name, None) is not None:
             setattr(embeds, name, None)

@@ -26,11 +26,13 @@ from timm.models.naflexvit import NaFlexVit
 from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
-from .._validate import check_bool, check_grid
+from .. import host
+from .._validate import check_bool
+from ..host import HostShape, OwnRope
 from ..positions import Positions
-from ..registry import SchemeInfo, build_in_context, get_info, list_encodings, split_options
+from ..registry import SchemeInfo
 from .attention import SUPPORTED_ATTENTION, PatchedAttention
-from .inherit import OwnRope, adopt_freqs, merge_options, own_rope, warn
+from .inherit import own_rope
 from .model import PatchedViT, adopt_timm_checkpoint, after_block, patched_class, patched_weights
 
 SUPPORTED_MODELS: tuple[type, ...] = (VisionTransformer, Eva, NaFlexVit)  # NaFlexVit: its own host (naflex.py)
@@ -38,27 +40,6 @@ SUPPORTED = ", ".join(f"timm {c.__name__}" for c in SUPPORTED_MODELS) + " (and s
 
 
 # --- patch ----------------------------------------------------------------------------------------
-
-
-def _resolve_schemes(
-    pos: str | list[str] | tuple[str, ...],
-) -> tuple[SchemeInfo | None, SchemeInfo | None, SchemeInfo | None]:
-    """(additive, attention, conditional) schemes named by ``pos``: at most one of each."""
-    names = [pos] if isinstance(pos, str) else list(pos) if isinstance(pos, (list, tuple)) else None
-    if not names or not all(isinstance(n, str) for n in names):
-        raise TypeError(f"pos must be a scheme name or a list of names, got {pos!r}")
-    infos = [get_info(n, ndim=2) for n in names]
-    additive = [i for i in infos if i.kind == "additive"]
-    attention = [i for i in infos if i.kind in ("rotary", "bias")]
-    conditional = [i for i in infos if i.kind == "conditional"]
-    if len(additive) > 1 or len(attention) > 1 or len(conditional) > 1:
-        raise ValueError(
-            f"combine at most one additive scheme, one attention scheme and one conditional scheme, got {names}; "
-            f"additive: {', '.join(list_encodings(2, kind='additive'))}; "
-            f"attention: {', '.join(list_encodings(2, kind=('rotary', 'bias')))}; "
-            f"conditional: {', '.join(list_encodings(2, kind='conditional'))}"
-        )
-    return tuple(group[0] if group else None for group in (additive, attention, conditional))
 
 
 # timm families whose attention carries a relative position bias of its own (not replaced by vispos)
@@ -97,12 +78,6 @@ def _check_model(model: nn.Module) -> None:
             raise TypeError(f"block {i} has attention {type(attn).__name__}; supported: {names}")
 
 
-def _build(info: SchemeInfo, context: dict[str, Any], options: dict[str, Any], copies: int) -> nn.Module:
-    if info.builds_per_layer(options):
-        return nn.ModuleList(build_in_context(info, context, options) for _ in range(copies))
-    return build_in_context(info, context, options)
-
-
 def patch(
     model: nn.Module, pos: str | list[str] | tuple[str, ...], *, inherit: bool = True, **options: Any
 ) -> nn.Module:
@@ -133,6 +108,7 @@ def patch(
     model.vispos = build_positions(
         model, schemes, per_scheme, tuple(model.patch_embed.grid_size), table_prefix, kept, table=model.pos_embed
     )
+    model.vispos.train(model.training)  # a model patched in eval mode stays in it (no coordinate augmentation)
     model.pos_embed = None
     if isinstance(model, Eva):
         model.rope, model.rope_mixed = None, False
@@ -153,20 +129,9 @@ def plan_schemes(
     inherit: bool,
     table: torch.Tensor | None,
 ) -> tuple[tuple[SchemeInfo | None, SchemeInfo | None, SchemeInfo | None], dict[str, dict[str, Any]], OwnRope | None]:
-    """What to build for ``pos``: the (additive, attention, conditional) schemes, each one's options, and the
-    model's own RoPE when it is kept. With ``inherit``, a model's RoPE is kept (its conventions as options,
-    the user's on top) when ``pos`` names its scheme or no attention scheme, and its learned ``table`` stays
-    beside it (as learned2d); whatever is discarded is said (``_inheriting``)."""
-    additive, attention, conditional = _resolve_schemes(pos)
+    """``vispos.host.plan_schemes`` for a timm model: its own RoPE (with ``inherit``) and learned ``table``."""
     own = own_rope(model) if inherit else None
-    if own is not None:
-        additive, attention = _inheriting(own, additive, attention, has_table=table is not None)
-    kept = own if own is not None and attention is not None and attention.name == own.scheme else None
-    used = [i for i in (additive, attention, conditional) if i is not None]
-    per_scheme = dict(zip([i.name for i in used], split_options(used, options), strict=True))
-    if kept is not None:
-        per_scheme[kept.scheme] = merge_options(kept, per_scheme[kept.scheme])
-    return (additive, attention, conditional), per_scheme, kept
+    return host.plan_schemes(pos, options, own=own, has_table=table is not None)
 
 
 def build_positions(
@@ -179,45 +144,10 @@ def build_positions(
     *,
     table: torch.Tensor | None = None,
 ) -> Positions:
-    """The ``Positions`` of a host model: its (additive, attention, conditional) schemes built for the
-    model's widths, heads, depth and training ``grid``; ``table_prefix``: the prefix rows of an additive
-    table. A learned table starts from the model's own ``table`` where it fits; ``kept``: the model's
-    own RoPE whose learned frequencies are adopted."""
-    additive, attention, conditional = schemes
-    grid = check_grid(grid)
-    attn0, depth = model.blocks[0].attn, len(model.blocks)
-    context = {"num_heads": attn0.num_heads, "train_grid": grid}
-    add_module = att_module = cond_module = None
-    if additive is not None:
-        add_context = context | {"dim": model.embed_dim, "num_prefix_tokens": table_prefix}
-        add_module = _build(additive, add_context, per_scheme[additive.name], depth)
-        adopt = getattr(add_module, "adopt_pos_embed", None)  # start from the model's own table
-        if adopt is not None and table is not None:
-            adopt(table)
-    if attention is not None:
-        att_context = context | {"dim": attn0.head_dim, "num_prefix_tokens": model.num_prefix_tokens}
-        att_module = _build(attention, att_context, per_scheme[attention.name], depth)
-        if kept is not None and kept.freqs is not None:
-            adopt_freqs(att_module, kept)
-    if conditional is not None:
-        cond_module = build_in_context(conditional, {"dim": model.embed_dim}, per_scheme[conditional.name])
-        if cond_module.after >= depth:
-            raise ValueError(
-                f"{conditional.name}: after={cond_module.after} is out of range; the model has {depth} blocks "
-                f"(after=0 to {depth - 1})"
-            )
-    return Positions(
-        additive=add_module,
-        attention=att_module,
-        attention_kind=attention.kind if attention is not None else "none",
-        depth=depth,
-        num_prefix_tokens=model.num_prefix_tokens,
-        train_grid=grid,
-        schemes=[i.name for i in schemes if i is not None] or ["nope"],
-        options={k: v for scheme_options in per_scheme.values() for k, v in scheme_options.items()},
-        inherited=kept.record() if kept is not None else None,
-        conditional=cond_module,
-    )
+    """``vispos.host.build_positions`` for a timm model's widths, heads, depth and prefix tokens."""
+    attn0 = model.blocks[0].attn
+    shape = HostShape(model.embed_dim, attn0.num_heads, attn0.head_dim, len(model.blocks), model.num_prefix_tokens)
+    return host.build_positions(shape, schemes, per_scheme, grid, table_prefix, kept, table=table)
 
 
 def patch_attention(model: nn.Module) -> None:
@@ -228,31 +158,6 @@ def patch_attention(model: nn.Module) -> None:
     conditional = model.vispos.conditional
     if conditional is not None:
         model.blocks[conditional.after].register_forward_hook(after_block, with_kwargs=True)
-
-
-def _inheriting(
-    own: OwnRope, additive: SchemeInfo | None, attention: SchemeInfo | None, *, has_table: bool
-) -> tuple[SchemeInfo | None, SchemeInfo | None]:
-    """The schemes to build when the model has a RoPE of its own: its learned table (``has_table``) stays
-    beside it (as learned2d) unless another additive scheme was asked for; anything discarded is said."""
-    if attention is None or attention.name != own.scheme:
-        asked = attention.name if attention is not None else "no attention scheme"
-        warn(
-            f"this model's own RoPE ({own.describe()}) is discarded: {asked} replaces it, and the pretrained "
-            f"weights were trained with it. Patch with {own.scheme!r} to keep it, or inherit=False to start "
-            "fresh without this warning"
-        )
-        return additive, attention
-    if not has_table:
-        return additive, attention
-    if additive is None:
-        return get_info("learned2d", ndim=2), attention
-    if additive.name != "learned2d":
-        warn(
-            f"this model's learned pos_embed (beside its RoPE) is discarded: {additive.name} replaces it. "
-            "Leave the additive scheme out (or use learned2d) to keep it"
-        )
-    return additive, attention
 
 
 def create_model(

@@ -1,0 +1,33 @@
+"""``vispos.patch``: the one call, for a model of any host library vispos adapts.
+
+A transformers model goes to ``vispos.hf`` (imported then, so vispos itself needs no transformers),
+anything else to ``vispos.timm``, which names what it supports when it refuses a model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from . import timm as timm_adapter
+
+
+def _is_transformers_model(model: object) -> bool:
+    return any(c.__module__.startswith("transformers.") for c in type(model).__mro__)
+
+
+def patch(
+    model: nn.Module, pos: str | list[str] | tuple[str, ...], *, inherit: bool = True, **options: Any
+) -> nn.Module:
+    """Give a ViT the positional scheme ``pos`` (one name, or at most one additive, one attention and one
+    conditional scheme): in place, returning the model, which then runs at any size its patches divide.
+
+    timm models: ``vispos.timm.patch``. transformers vision models (ViT, DeiT, DINOv2, DINOv3, CLIP, SigLIP,
+    their heads and two-tower models): ``vispos.hf.patch``. Both keep a model's own positions by default
+    (``inherit=True``) and say with a ``PretrainedPositionsWarning`` what another scheme discards."""
+    if _is_transformers_model(model):
+        from . import hf  # only here: transformers is imported when a transformers model is patched
+
+        return hf.patch(model, pos, inherit=inherit, **options)
+    return timm_adapter.patch(model, pos, inherit=inherit, **options)

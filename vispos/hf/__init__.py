@@ -1,0 +1,56 @@
+"""The transformers adapter: the only part of vispos that knows transformers (imported when a transformers
+model is patched; transformers is not a dependency of vispos itself).
+
+- ``families.py``: the vision families accepted (ViT, DeiT, DINOv2, DINOv2 with registers, DINOv3, CLIP,
+  SigLIP, SigLIP 2's NaFlex rows), where each keeps its prefix tokens, table and layers, and those refused by name.
+- ``modules.py``: the patched classes of the host model, its embeddings, its attentions (and DINOv3's
+  ``rope_embeddings``), made once per transformers class and found again by pickle.
+- ``patching.py``: ``patch`` and ``from_pretrained``.
+
+Supported transformers: 5.18 and newer (``make test`` runs the newest release, ``make test-hf-min`` the
+adapter's tests at the floor, ``pyproject.toml``'s ``hf`` extra; older releases are refused by name).
+
+What the adapter touches in transformers:
+
+- Modules recognised by class name: the embeddings classes of ``families.FAMILIES`` (the module owning one
+  as ``embeddings`` is the host), the attention classes of ``families.ATTENTIONS``.
+- Host: ``config`` (``image_size``, ``hidden_size``, ``num_attention_heads``, ``_attn_implementation``;
+  DINOv3's ``rope_theta``, ``pos_embed_shift`` / ``_jitter`` / ``_rescale``), ``embeddings``,
+  ``rope_embeddings``; its ``forward(pixel_values, ...)`` is called through ``super()`` with one more
+  keyword, ``vispos_context``, which transformers' layers pass on to their attention among ``**kwargs``.
+- Embeddings: the patch ``nn.Conv2d`` (its stride is the patch size; SigLIP 2: ``patch_embedding``, a Linear
+  over pre-cut patches, the host's ``spatial_shapes`` argument and config ``num_patches``), ``cls_token``,
+  ``distillation_token``, ``class_embedding``, ``register_tokens``, ``mask_token``, ``dropout``; the table
+  ``position_embeddings`` or ``position_embedding`` (set to None once adopted).
+- Attention: ``q_proj``, ``k_proj``, ``v_proj``, ``o_proj`` or ``out_proj``, ``head_dim``, ``scaling`` or
+  ``scale``, ``attention_dropout`` or ``dropout``, ``config``; the attention functions
+  ``transformers.modeling_utils.ALL_ATTENTION_FUNCTIONS`` and each modeling module's
+  ``eager_attention_forward``.
+- ``transformers.AutoConfig`` and the model classes named by ``config.architectures`` (``from_pretrained``).
+"""
+
+from __future__ import annotations
+
+import transformers
+
+from .families import FAMILIES, REFUSED
+from .patching import from_pretrained, patch
+
+TRANSFORMERS_MIN = (5, 18)  # as pyproject.toml's hf extra declares
+
+
+def check_version(version: str) -> None:
+    """Refuse a transformers older than ``TRANSFORMERS_MIN`` by name: its families have another layout
+    (ViT's and DINOv2's attention wrappers with ``query`` / ``key`` / ``value``, layers without keywords)."""
+    parts = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
+    if parts < TRANSFORMERS_MIN:
+        floor = ".".join(map(str, TRANSFORMERS_MIN))
+        raise ImportError(
+            f"vispos's transformers adapter needs transformers >= {floor} (its vision models' layout), found "
+            f"{version}: pip install 'transformers>={floor}' (or pip install 'vispos[hf]')"
+        )
+
+
+check_version(transformers.__version__)
+
+__all__ = ["FAMILIES", "REFUSED", "TRANSFORMERS_MIN", "check_version", "from_pretrained", "patch"]

@@ -1,0 +1,228 @@
+"""``vispos.patch(model, "rope2d")`` on a transformers vision model, and ``from_pretrained`` for a saved one.
+
+What changes on the one model it is given (never on transformers' classes): the vision module (the model,
+the backbone of a head, or the vision tower of CLIP / SigLIP) gets ``vispos`` (a ``Positions``); its
+embeddings, attentions and (DINOv3) ``rope_embeddings`` take the patched classes of ``modules.py``; its own
+learned table leaves the embeddings (``position_embeddings`` / ``position_embedding`` become None) for
+``vispos.additive`` when it is kept; ``model.config.vispos`` records the settings for ``save_pretrained``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .. import host as hosting
+from .._validate import check_bool
+from ..host import HostShape, warn
+from ..positions import Positions
+from .families import FAMILIES, Family, attentions, find_host, own_rope, own_table, patch_conv, train_grid
+from .modules import FLASH_REFUSAL, NoRope, PatchedAttention, PatchedEmbeddings, PatchedHost, patched
+
+CONFIG_KEY = "vispos"  # model.config.vispos: what from_pretrained rebuilds a patched model from
+
+
+def patch(
+    model: nn.Module, pos: str | list[str] | tuple[str, ...], *, inherit: bool = True, **options: Any
+) -> nn.Module:
+    """Give a transformers vision model the positional scheme ``pos`` (``vispos.patch`` reaches here for any
+    transformers model). In place; returns the model.
+
+    With ``inherit`` (default) the model keeps its own positions: its learned table as ``learned2d``
+    (prefix rows kept, resized at other sizes as the family resizes it) when ``pos`` includes ``learned2d``;
+    DINOv3's RoPE as ``rope2d`` with its conventions (``docs/hf.md``). What is discarded or overridden is said
+    with a ``PretrainedPositionsWarning``; ``inherit=False`` starts fresh silently."""
+    check_bool("inherit", inherit)
+    tower, vision, family = find_host(model)
+    if isinstance(vision, PatchedHost):
+        raise ValueError(
+            "this model is already patched by vispos; patch a fresh model instead (a patched model's weights "
+            "load into a freshly patched one with load_state_dict)"
+        )
+    layers = attentions(vision)
+    if not layers:
+        raise TypeError(f"transformers {type(vision).__name__} has no attention layer vispos knows")
+    embeddings, config = vision.embeddings, vision.config
+    table = own_table(embeddings, family) if inherit else None
+    own = own_rope(vision, family) if inherit else None
+    schemes, per_scheme, kept = hosting.plan_schemes(pos, options, own=own, has_table=False)
+    additive, attention, conditional = schemes
+    adopt = _table_plan(family, table, additive, per_scheme)
+    _refuse_flash(attention, config)
+    registers = getattr(embeddings, family.registers).shape[1] if family.registers else 0
+    shape = HostShape(config.hidden_size, config.num_attention_heads, layers[0].head_dim, len(layers),
+                      len(family.prefix) + registers)  # fmt: skip
+    grid = train_grid(config, None if family.naflex else patch_conv(embeddings))
+    positions = hosting.build_positions(shape, schemes, per_scheme, grid, len(family.prefix), kept, table=adopt)
+    if adopt is not None and not _adopted(positions, adopt):
+        warn(f"this model's learned table {tuple(adopt.shape)} does not fit learned2d at the {grid[0]}x{grid[1]} "
+             "grid of its config's image_size: learned2d starts fresh")  # fmt: skip
+    _remove_table(embeddings, family)
+    vision.vispos = positions.train(vision.training)  # a model patched in eval mode stays in it
+    vision.__class__ = patched(type(vision), PatchedHost)
+    _register_recorded_outputs(vision)
+    embeddings.__class__ = patched(type(embeddings), PatchedEmbeddings)
+    embeddings.vispos_family = type(embeddings).__mro__[2].__name__
+    embeddings.__dict__["_vispos_positions"] = positions
+    for i, attn in enumerate(layers):
+        attn.__class__ = patched(type(attn), PatchedAttention)
+        attn.vispos_layer = i
+    rope = getattr(vision, "rope_embeddings", None)
+    if family.rope and isinstance(rope, nn.Module):
+        rope.__class__ = patched(type(rope), NoRope)
+    if conditional is not None:
+        _hook_conditional(vision, positions)
+    vision.register_load_state_dict_pre_hook(_adopt_plain_checkpoint)
+    model.config.__dict__[CONFIG_KEY] = {"tower": tower, **positions.settings, "train_grid": list(grid)}
+    return model
+
+
+def _register_recorded_outputs(vision: nn.Module) -> None:
+    """transformers records ``output_attentions`` / ``output_hidden_states`` through a registry keyed by the
+    model's class name (``utils.output_capturing._CAN_RECORD_REGISTRY``): the patched class is entered
+    with the original's entry."""
+    try:
+        from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY
+    except ImportError:  # releases that read _can_record_outputs from the class itself
+        return
+    # keyed by str(class) in every release (5.24 wraps the dict in a class that takes the model instead)
+    dict.__setitem__(_CAN_RECORD_REGISTRY, str(type(vision)), getattr(vision, "_can_record_outputs", None))
+
+
+def _table_plan(
+    family: Family, table: torch.Tensor | None, additive: Any, per_scheme: dict[str, dict[str, Any]]
+) -> torch.Tensor | None:
+    """The table learned2d starts from (the model's own, resized as the family resizes it), or None; a table
+    that ``pos`` discards is said."""
+    if table is None:
+        return None
+    if additive is None or additive.name != "learned2d":
+        asked = additive.name if additive is not None else "no additive scheme"
+        warn(
+            f"this {family.name} model's learned position table is discarded: {asked} replaces it, and the "
+            "pretrained weights were trained with it. Add 'learned2d' to keep it (e.g. pos=['learned2d', "
+            "'rope2d']), or inherit=False to start fresh without this warning"
+        )
+        return None
+    chosen = per_scheme["learned2d"]
+    if chosen.get("antialias", family.antialias) != family.antialias:
+        warn(f"you set antialias={chosen['antialias']!r}, but {family.name} resizes its table with "
+             f"antialias={family.antialias!r}: at other sizes the outputs differ from the model's")  # fmt: skip
+    if chosen.get("interpolation", family.interpolation) != family.interpolation:
+        warn(f"you set interpolation={chosen['interpolation']!r}, but {family.name} resizes its table with "
+             f"{family.interpolation!r}: at other sizes the outputs differ from the model's")  # fmt: skip
+    per_scheme["learned2d"] = {"antialias": family.antialias, "interpolation": family.interpolation} | chosen
+    return table
+
+
+def _adopted(positions: Positions, table: torch.Tensor) -> bool:
+    additive = positions.additive
+    return bool(torch.equal(additive.table.reshape(-1), table[0, additive.num_prefix_tokens :].reshape(-1).to(
+        additive.table.dtype)))  # fmt: skip
+
+
+def _refuse_flash(attention: Any, config: Any) -> None:
+    impl = getattr(config, "_attn_implementation", None) or ""
+    if attention is not None and attention.kind == "bias" and "flash" in impl:
+        raise ValueError(f"{attention.name} with attn_implementation={impl!r}: {FLASH_REFUSAL}")
+
+
+def _remove_table(embeddings: nn.Module, family: Family) -> None:
+    """The family's table leaves the embeddings (None in its place, so the attribute still reads)."""
+    if family.table is None:
+        return
+    name = family.table.split(".")[0]
+    if name in embeddings._parameters:
+        del embeddings._parameters[name]
+        embeddings.register_parameter(name, None)
+    elif name in embeddings._modules:
+        embeddings._modules[name] = None
+
+
+def _hook_conditional(vision: nn.Module, positions: Positions) -> None:
+    """A conditional scheme (peg2d) on the output of the layer it follows: a forward hook on that layer."""
+    names = [name for name, m in vision.named_modules() if isinstance(m, PatchedAttention)]
+    after = positions.conditional.after
+    layer = vision.get_submodule(names[after].rsplit(".", 1)[0])
+    layer.register_forward_hook(_after_layer, with_kwargs=True)
+
+
+def _after_layer(layer: nn.Module, args: tuple, kwargs: dict[str, Any], out: Any) -> Any:
+    ctx = kwargs.get("vispos_context")
+    if ctx is None:
+        raise ValueError("a vispos-patched layer needs the positional context of the forward pass: call the model")
+    if isinstance(out, tuple):
+        return (ctx.positions.apply_conditional(out[0], ctx), *out[1:])
+    return ctx.positions.apply_conditional(out, ctx)
+
+
+def _adopt_plain_checkpoint(vision: nn.Module, state_dict: dict[str, Any], prefix: str, *_: Any) -> None:
+    """``load_state_dict`` pre-hook: a transformers checkpoint of the unpatched model (no ``vispos.`` keys)
+    loads into a patched one: its table goes to learned2d when the model has it (else strict loading refuses
+    it by name), and the positions keep their own settings records."""
+    if any(k.startswith(f"{prefix}vispos.") for k in state_dict):
+        return  # a patched checkpoint: Positions checks its settings
+    positions: Positions = vision.vispos
+    for name, module in positions.named_modules(prefix="vispos"):
+        if type(module).get_extra_state is not nn.Module.get_extra_state:
+            state_dict[f"{prefix}{name}._extra_state"] = module.get_extra_state()
+    family = FAMILIES[vision.embeddings.vispos_family]
+    if family.table is None:
+        return
+    key = f"{prefix}embeddings.{family.table}"
+    if key not in state_dict:
+        return
+    table = state_dict.pop(key)
+    table = table.reshape(1, -1, table.shape[-1])  # CLIP's and SigLIP's nn.Embedding rows: [P + H*W, C]
+    adopt = getattr(positions.additive, "adopt_pos_embed", None)
+    if adopt is None or not adopt(table):
+        if not positions.strict_loading:
+            return
+        raise ValueError(
+            f"this checkpoint holds the model's own position table {tuple(table.shape)}, which this patched model "
+            f"({' + '.join(positions.settings['pos'])}) has no place for: patch with learned2d to keep it, or load "
+            "with strict=False to take every other weight"
+        )
+    for name, value in positions.additive.state_dict().items():
+        state_dict[f"{prefix}vispos.additive.{name}"] = value
+
+
+# --- from_pretrained ------------------------------------------------------------------------------
+
+
+def from_pretrained(path: str | Path, **kwargs: Any) -> nn.Module:
+    """A patched model saved with ``save_pretrained``, rebuilt: the transformers class of its config, patched
+    as recorded in ``config.vispos``, its weights loaded strictly (equal outputs). ``kwargs`` go to the
+    config (e.g. ``attn_implementation="sdpa"``). A folder of an unpatched model is refused: load it with
+    transformers and patch it."""
+    import transformers
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(f"{path} has no config.json: not a save_pretrained folder")
+    record = json.loads(config_file.read_text()).get(CONFIG_KEY)
+    if record is None:
+        raise ValueError(
+            f"{path} holds an unpatched transformers model (its config has no 'vispos' entry): load it with "
+            "transformers' from_pretrained and patch it with vispos.patch"
+        )
+    attn = kwargs.pop("attn_implementation", None)
+    config = transformers.AutoConfig.from_pretrained(path, **kwargs)
+    cls = getattr(transformers, config.architectures[0])
+    model = cls._from_config(config, attn_implementation=attn) if attn else cls._from_config(config)
+    options = dict(record["options"])
+    patch(model, record["pos"], inherit=False, **options)
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{path} has no .safetensors weights")
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        state |= load_file(file)
+    model.load_state_dict(state, strict=True)
+    return model.eval()

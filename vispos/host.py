@@ -1,0 +1,217 @@
+"""What every host adapter (``vispos.timm``, ``vispos.hf``) does the same way, knowing no model library.
+
+- ``plan_schemes``: the schemes a ``patch`` call names (at most one additive, one attention and one
+  conditional scheme), each one's options, and what happens to a model's own RoPE and learned table
+  (kept by default, with a ``PretrainedPositionsWarning`` for whatever is discarded or overridden).
+- ``build_positions``: the ``Positions`` of a host, built for its widths, heads, depth and training grid
+  (``HostShape``), starting from the host's own table and learned RoPE frequencies where it has them.
+
+An adapter reads its library's models into these terms (``OwnRope``, ``HostShape``) and back.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from ._validate import check_grid
+from .positions import Positions
+from .registry import SchemeInfo, build_in_context, get_info, list_encodings, split_options
+
+
+class PretrainedPositionsWarning(UserWarning):
+    """Patching discards or overrides positions a pretrained model's weights were trained with."""
+
+
+def warn(message: str) -> None:
+    warnings.warn(message, PretrainedPositionsWarning, stacklevel=4)
+
+
+@dataclass
+class OwnRope:
+    """A host model's own RoPE as a vispos scheme: ``scheme`` with ``options`` (plus learned ``freqs`` for
+    RoPE-Mixed, [2 (x, y), depth, heads, head_dim / 2]); ``source`` names where it was read."""
+
+    scheme: str
+    options: dict[str, Any]
+    source: str
+    freqs: torch.Tensor | None = field(default=None, repr=False)
+    freqs_order: str = "xy"  # the host's first frequency component multiplies x ("xy") or y ("yx")
+
+    def record(self) -> dict[str, str]:
+        """What ``vispos_cfg["inherited"]`` keeps: the source, and for learned frequencies their axis order
+        (so that a plain checkpoint's frequencies can be loaded later)."""
+        return {"from": self.source} | ({"freqs_order": self.freqs_order} if self.freqs is not None else {})
+
+    def describe(self) -> str:
+        return f"{self.source}: {self.scheme}({', '.join(f'{k}={v!r}' for k, v in self.options.items())})"
+
+
+@dataclass(frozen=True)
+class HostShape:
+    """What a host model fixes for its positions: token width, heads, per-head width, depth, and the number
+    of prefix tokens (class, distillation, register tokens) before the patch tokens of every row."""
+
+    embed_dim: int
+    num_heads: int
+    head_dim: int
+    depth: int
+    num_prefix_tokens: int
+
+
+def merge_options(own: OwnRope, chosen: dict[str, Any]) -> dict[str, Any]:
+    """The inherited options with the user's on top; one warning names every override."""
+    overridden = {k: v for k, v in chosen.items() if k in own.options and _differs(v, own.options[k])}
+    if overridden:
+        said = ", ".join(f"{k}={v!r}" for k, v in overridden.items())
+        assumed = ", ".join(f"{k}={own.options[k]!r}" for k in overridden)
+        warn(
+            f"you set {said}, but this model's pretrained weights assume {assumed} ({own.source}); "
+            "its outputs will change. Drop those options to keep what the model learned"
+        )
+    return own.options | chosen
+
+
+def _differs(a: Any, b: Any) -> bool:
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return tuple(a) != tuple(b)
+    return a != b
+
+
+def adopt_freqs(modules: nn.ModuleList, own: OwnRope) -> None:
+    """Copy RoPE-Mixed's learned frequencies, layer by layer, into vispos's per-layer modules."""
+    assert own.freqs is not None
+    with torch.no_grad():
+        for i, module in enumerate(modules):
+            module.freqs.copy_(own.freqs[:, i])
+
+
+def resolve_schemes(
+    pos: str | list[str] | tuple[str, ...],
+) -> tuple[SchemeInfo | None, SchemeInfo | None, SchemeInfo | None]:
+    """(additive, attention, conditional) schemes named by ``pos``: at most one of each."""
+    names = [pos] if isinstance(pos, str) else list(pos) if isinstance(pos, (list, tuple)) else None
+    if not names or not all(isinstance(n, str) for n in names):
+        raise TypeError(f"pos must be a scheme name or a list of names, got {pos!r}")
+    infos = [get_info(n, ndim=2) for n in names]
+    additive = [i for i in infos if i.kind == "additive"]
+    attention = [i for i in infos if i.kind in ("rotary", "bias")]
+    conditional = [i for i in infos if i.kind == "conditional"]
+    if len(additive) > 1 or len(attention) > 1 or len(conditional) > 1:
+        raise ValueError(
+            f"combine at most one additive scheme, one attention scheme and one conditional scheme, got {names}; "
+            f"additive: {', '.join(list_encodings(2, kind='additive'))}; "
+            f"attention: {', '.join(list_encodings(2, kind=('rotary', 'bias')))}; "
+            f"conditional: {', '.join(list_encodings(2, kind='conditional'))}"
+        )
+    return tuple(group[0] if group else None for group in (additive, attention, conditional))
+
+
+def _build(info: SchemeInfo, context: dict[str, Any], options: dict[str, Any], copies: int) -> nn.Module:
+    if info.builds_per_layer(options):
+        return nn.ModuleList(build_in_context(info, context, options) for _ in range(copies))
+    return build_in_context(info, context, options)
+
+
+def plan_schemes(
+    pos: str | list[str] | tuple[str, ...],
+    options: dict[str, Any],
+    *,
+    own: OwnRope | None,
+    has_table: bool,
+) -> tuple[tuple[SchemeInfo | None, SchemeInfo | None, SchemeInfo | None], dict[str, dict[str, Any]], OwnRope | None]:
+    """What to build for ``pos``: the (additive, attention, conditional) schemes, each one's options, and the
+    model's own RoPE when it is kept. With ``inherit``, a model's RoPE is kept (its conventions as options,
+    the user's on top) when ``pos`` names its scheme or no attention scheme, and its learned ``table`` stays
+    beside it (as learned2d); whatever is discarded is said (``_inheriting``)."""
+    additive, attention, conditional = resolve_schemes(pos)
+    if own is not None:
+        additive, attention = _inheriting(own, additive, attention, has_table=has_table)
+    kept = own if own is not None and attention is not None and attention.name == own.scheme else None
+    used = [i for i in (additive, attention, conditional) if i is not None]
+    per_scheme = dict(zip([i.name for i in used], split_options(used, options), strict=True))
+    if kept is not None:
+        per_scheme[kept.scheme] = merge_options(kept, per_scheme[kept.scheme])
+    return (additive, attention, conditional), per_scheme, kept
+
+
+def build_positions(
+    shape: HostShape,
+    schemes: tuple[SchemeInfo | None, SchemeInfo | None, SchemeInfo | None],
+    per_scheme: dict[str, dict[str, Any]],
+    grid: tuple[int, int],
+    table_prefix: int,
+    kept: OwnRope | None = None,
+    *,
+    table: torch.Tensor | None = None,
+) -> Positions:
+    """The ``Positions`` of a host model: its (additive, attention, conditional) schemes built for the
+    model's widths, heads, depth (``shape``) and training ``grid``; ``table_prefix``: the prefix rows of an additive
+    table. A learned table starts from the model's own ``table`` where it fits; ``kept``: the model's
+    own RoPE whose learned frequencies are adopted."""
+    additive, attention, conditional = schemes
+    grid = check_grid(grid)
+    depth = shape.depth
+    context = {"num_heads": shape.num_heads, "train_grid": grid}
+    add_module = att_module = cond_module = None
+    if additive is not None:
+        add_context = context | {"dim": shape.embed_dim, "num_prefix_tokens": table_prefix}
+        add_module = _build(additive, add_context, per_scheme[additive.name], depth)
+        adopt = getattr(add_module, "adopt_pos_embed", None)  # start from the model's own table
+        if adopt is not None and table is not None:
+            adopt(table)
+    if attention is not None:
+        att_context = context | {"dim": shape.head_dim, "num_prefix_tokens": shape.num_prefix_tokens}
+        att_module = _build(attention, att_context, per_scheme[attention.name], depth)
+        if kept is not None and kept.freqs is not None:
+            adopt_freqs(att_module, kept)
+    if conditional is not None:
+        cond_module = build_in_context(conditional, {"dim": shape.embed_dim}, per_scheme[conditional.name])
+        if cond_module.after >= depth:
+            raise ValueError(
+                f"{conditional.name}: after={cond_module.after} is out of range; the model has {depth} blocks "
+                f"(after=0 to {depth - 1})"
+            )
+    return Positions(
+        additive=add_module,
+        attention=att_module,
+        attention_kind=attention.kind if attention is not None else "none",
+        depth=depth,
+        num_prefix_tokens=shape.num_prefix_tokens,
+        train_grid=grid,
+        schemes=[i.name for i in schemes if i is not None] or ["nope"],
+        options={k: v for scheme_options in per_scheme.values() for k, v in scheme_options.items()},
+        inherited=kept.record() if kept is not None else None,
+        conditional=cond_module,
+    )
+
+
+def _inheriting(
+    own: OwnRope, additive: SchemeInfo | None, attention: SchemeInfo | None, *, has_table: bool
+) -> tuple[SchemeInfo | None, SchemeInfo | None]:
+    """The schemes to build when the model has a RoPE of its own: its learned table (``has_table``) stays
+    beside it (as learned2d) unless another additive scheme was asked for; anything discarded is said."""
+    if attention is None or attention.name != own.scheme:
+        asked = attention.name if attention is not None else "no attention scheme"
+        warn(
+            f"this model's own RoPE ({own.describe()}) is discarded: {asked} replaces it, and the pretrained "
+            f"weights were trained with it. Patch with {own.scheme!r} to keep it, or inherit=False to start "
+            "fresh without this warning"
+        )
+        return additive, attention
+    if not has_table:
+        return additive, attention
+    if additive is None:
+        return get_info("learned2d", ndim=2), attention
+    if additive.name != "learned2d":
+        warn(
+            f"this model's learned pos_embed (beside its RoPE) is discarded: {additive.name} replaces it. "
+            "Leave the additive scheme out (or use learned2d) to keep it"
+        )
+    return additive, attention
+
+
