@@ -101,7 +101,8 @@ def _dinov2_small(pos: str | list[str] | None = None) -> nn.Module:
     config = transformers.Dinov2Config(hidden_size=384, num_hidden_layers=12, num_attention_heads=6, patch_size=14,
                                        image_size=224, attn_implementation="sdpa")  # fmt: skip
     model = transformers.Dinov2Model(config)
-    return _LastHidden(model if pos is None else vispos.patch(model, pos, inherit=pos != "rope2d_mixed"))
+    keeps_table = pos is not None and "learned2d" in ([pos] if isinstance(pos, str) else pos)
+    return _LastHidden(model if pos is None else vispos.patch(model, pos, inherit=keeps_table))
 
 
 def transformers_configurations() -> dict[str, tuple[str, Callable[[], nn.Module]]]:

@@ -101,10 +101,12 @@ class PatchedEmbeddings:
     def vispos_positions(self) -> Positions:
         return self.__dict__["_vispos_positions"]  # the host's, held without registering it a second time
 
-    def forward(
-        self, pixel_values: torch.Tensor, bool_masked_pos: torch.Tensor | None = None, *args: Any, **kwargs: Any
-    ) -> torch.Tensor:
+    def forward(self, pixel_values: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        """Tokens of ``pixel_values`` with positions; ``bool_masked_pos`` (second argument or keyword) as the
+        family takes it; ``interpolate_pos_encoding`` ignored (any size works); SigLIP 2's ``spatial_shapes``
+        are read by the host, which hands this module the batch's layout."""
         family, positions = FAMILIES[self.vispos_family], self.vispos_positions
+        bool_masked_pos = None if family.naflex else kwargs.get("bool_masked_pos", args[0] if args else None)
         if family.naflex:  # pre-cut patches [B, N, C * p * p]; the table at each image's own grid
             ctx = self.__dict__.get("_vispos_context")
             if ctx is None:

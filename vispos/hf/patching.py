@@ -65,8 +65,8 @@ def patch(
     vision.vispos = positions.train(vision.training)  # a model patched in eval mode stays in it
     vision.__class__ = patched(type(vision), PatchedHost)
     _register_recorded_outputs(vision)
+    embeddings.vispos_family = type(embeddings).__name__  # the key of its family in FAMILIES
     embeddings.__class__ = patched(type(embeddings), PatchedEmbeddings)
-    embeddings.vispos_family = type(embeddings).__mro__[2].__name__
     embeddings.__dict__["_vispos_positions"] = positions
     for i, attn in enumerate(layers):
         attn.__class__ = patched(type(attn), PatchedAttention)
@@ -101,9 +101,9 @@ def _table_plan(
     if table is None:
         return None
     if additive is None or additive.name != "learned2d":
-        asked = additive.name if additive is not None else "no additive scheme"
+        asked = f"{additive.name} replaces it" if additive is not None else "pos names no additive scheme"
         warn(
-            f"this {family.name} model's learned position table is discarded: {asked} replaces it, and the "
+            f"this {family.name} model's learned position table is discarded ({asked}), and the "
             "pretrained weights were trained with it. Add 'learned2d' to keep it (e.g. pos=['learned2d', "
             "'rope2d']), or inherit=False to start fresh without this warning"
         )
