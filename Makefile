@@ -47,7 +47,7 @@ test-hf-min: $(VENV)/.installed
 	.ci/layered-venv $(VENV)-hf-min $(PY)
 	$(VENV)-hf-min/bin/python -m pip install --quiet "transformers==$(TRANSFORMERS_MIN)"
 	$(VENV)-hf-min/bin/python -c "import transformers as t; assert t.__version__.startswith('$(TRANSFORMERS_MIN).'), t.__version__"
-	$(VENV)-hf-min/bin/python -m pytest -q -p no:cacheprovider tests/test_hf_patch.py tests/test_hf_floor.py
+	$(VENV)-hf-min/bin/python -m pytest -q -p no:cacheprovider tests/test_hf_*.py
 
 # The wheel holds vispos only, and README's quick start runs from it in a clean environment (torch reused).
 wheel-check: $(VENV)/.installed

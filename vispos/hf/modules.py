@@ -19,6 +19,7 @@ A patched class is made once per (class, mixin) and found again by pickle by its
 
 from __future__ import annotations
 
+import functools
 import importlib
 import sys
 from typing import Any
@@ -204,9 +205,15 @@ def _attention_function(module: nn.Module, impl: str) -> Any:
     softmax dtypes differ: ViT's and CLIP's in fp32, DINOv2's in the input's)."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    base = next(c for c in type(module).__mro__ if c.__module__.startswith("transformers."))
-    eager = sys.modules[base.__module__].eager_attention_forward
+    eager = _eager_function(type(module))
     return eager if impl == "eager" else ALL_ATTENTION_FUNCTIONS.get_interface(impl, eager)
+
+
+@functools.cache
+def _eager_function(cls: type) -> Any:
+    """The ``eager_attention_forward`` of the modeling file of a (patched) attention class, found once per class."""
+    base = next(c for c in cls.__mro__ if c.__module__.startswith("transformers."))
+    return sys.modules[base.__module__].eager_attention_forward
 
 
 MIXINS: dict[str, type] = {m.__name__: m for m in (PatchedHost, PatchedEmbeddings, PatchedAttention, NoRope)}
