@@ -162,6 +162,39 @@ def test_bias_schemes_are_refused_with_flash_attention() -> None:
         run(patched, torch.randn(1, 3, 32, 32))
 
 
+@pytest.mark.parametrize("scheme", vispos.list_encodings(2, kind="rotary"))
+def test_rotary_schemes_hand_flash_attention_what_its_kernels_take(scheme: str, monkeypatch) -> None:  # noqa: ANN001
+    """flash-attn is not installed here: a stand-in registered as ``flash_attention_2`` checks what vispos hands
+    the flash interface (half-precision q/k/v [B, heads, N, head_dim] with the rotation applied, no mask, the
+    model's scale) and computes it with SDPA, so the bf16 outputs must equal the sdpa implementation's."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    calls = []
+
+    def flash_stand_in(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):  # noqa: ANN001
+        assert attention_mask is None and query.dtype == key.dtype == value.dtype == torch.bfloat16
+        assert query.shape == key.shape == value.shape and query.shape[1] == module.config.num_attention_heads
+        calls.append(scaling)
+        out = torch.nn.functional.scaled_dot_product_attention(query, key, value, dropout_p=dropout, scale=scaling)
+        return out.transpose(1, 2), None
+
+    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS, "flash_attention_2", flash_stand_in)
+    model = vispos.patch(make("dinov2"), scheme, inherit=False).to(torch.bfloat16)
+    with torch.no_grad():
+        for p in model.vispos.parameters():  # learned rotations off their init
+            p.add_(torch.randn_like(p) * 0.1)
+    x = torch.randn(2, 3, 48, 32, dtype=torch.bfloat16)
+    model.config._attn_implementation = "sdpa"
+    want = run(model, x)
+    model.config._attn_implementation = "flash_attention_2"
+    torch.testing.assert_close(run(model, x), want, rtol=0, atol=0)
+    assert calls == [(64 // 4) ** -0.5] * 2  # one call per layer (hidden 64, 4 heads), the model's scale
+    unrotated = vispos.patch(make("dinov2"), "nope", inherit=False).to(torch.bfloat16)
+    unrotated.load_state_dict(model.state_dict(), strict=False)
+    unrotated.config._attn_implementation = "flash_attention_2"
+    assert (run(unrotated, x) - want).abs().max() > 1e-2  # the control: the rotation reaches the kernel
+
+
 def test_refusals_name_the_family() -> None:
     swin = tf.SwinModel(tf.SwinConfig(embed_dim=16, depths=[1], num_heads=[2], image_size=32, patch_size=4,
                                       window_size=4))  # fmt: skip
@@ -301,8 +334,13 @@ def test_log_n_and_scaling_on_a_pretrained_rope_tower() -> None:
     vispos.configure(model, log_n_attention=True)
     assert (run(model, x) - before).abs().max() > 1e-4  # 64 tokens against 16 in training: sharper attention
     torch.testing.assert_close(run(model, torch.randn(1, 3, 32, 32)).shape, before[:, :21].shape)
-    with pytest.raises(ValueError, match="normalized coordinates never leave"):
-        vispos.configure(model, scaling="yarn")  # DINOv3's coordinates already span [-1, 1] at every size
+    vispos.configure(model, log_n_attention=False, scaling="linear")  # DINOv3's own frame: already interpolated
+    torch.testing.assert_close(run(model, x), before, rtol=0, atol=1e-4)
+    small = torch.randn(1, 3, 32, 32)  # the training size
+    at_training = run(model, small)
+    vispos.configure(model, scaling="yarn")
+    torch.testing.assert_close(run(model, small), at_training, rtol=0, atol=1e-5)
+    assert (run(model, x) - before).abs().max() > 1e-3  # fast pairs keep their training spacing at 64 px
     pixel = vispos.patch(make("vit"), "rope2d", inherit=False)
     before = run(pixel, x)
     vispos.configure(pixel, scaling="yarn")

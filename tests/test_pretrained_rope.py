@@ -208,18 +208,26 @@ def test_scaling_an_inherited_rope_vit_changes_only_larger_grids():
     assert max_difference(original, model, (128, 128)) > 1e-3
 
 
-@pytest.mark.parametrize(
-    ("name", "message"),
-    [
-        ("eva02_tiny_patch14_224", "does not combine with ref_grid"),
-        ("vit_small_patch16_dinov3", "normalized coordinates never leave"),
-    ],
-)
-def test_scaling_refuses_the_families_whose_coordinates_already_adapt(name, message):
-    _, model = timm_pair(name, 64 if "dinov3" in name else 56)
+def test_scaling_refuses_eva02_whose_reference_grid_already_rescales():
+    _, model = timm_pair("eva02_tiny_patch14_224", 56)
     vispos.patch(model, "rope2d")
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ValueError, match="does not combine with ref_grid"):
         vispos.configure(model, scaling="linear")
+
+
+def test_scaling_an_inherited_dinov3_acts_in_its_training_frame():
+    """DINOv3's normalized coordinates are position interpolation by construction: linear scaling (which
+    measures coordinates at the training spacing, then divides by the size ratio) gives the original at every
+    size; NTK and YaRN give it at the training grid and something else above it."""
+    original, model = timm_pair("vit_small_patch16_dinov3", 64)
+    vispos.patch(model, "rope2d")
+    vispos.configure(model, scaling="linear")
+    for size in ((64, 64), (128, 128), (96, 160), (48, 64)):
+        assert max_difference(original, model, size) <= 1e-4, size
+    for kind in ("ntk", "yarn"):
+        vispos.configure(model, scaling=kind)
+        assert max_difference(original, model, (64, 64)) <= 1e-5, kind
+        assert max_difference(original, model, (128, 128)) > 1e-3, kind
 
 
 @pytest.mark.parametrize(

@@ -560,11 +560,13 @@ def test_bad_scaling_type_object() -> None:
         vispos.create_encoding("rope", dim=8, scaling=2.0)
 
 
-def test_rope2d_scaling_needs_train_grid_and_pixel_coords() -> None:
+def test_rope2d_scaling_needs_train_grid_and_theta_frequencies() -> None:
     with pytest.raises(ValueError, match=r"needs train_grid=\(H, W\)"):
         vispos.create_encoding("rope2d", dim=16, scaling="linear")
-    with pytest.raises(ValueError, match=r"applies to coords='pixel'"):
-        vispos.create_encoding("rope2d", dim=16, coords="normalized", scaling="linear", train_grid=(4, 4))
+    with pytest.raises(ValueError, match=r"defined on theta's frequencies"):
+        vispos.create_encoding(
+            "rope2d", dim=16, coords="normalized", min_period=0.5, max_period=20.0, scaling="linear", train_grid=(4, 4)
+        )
     with pytest.raises(ValueError, match=r"dim / 2 = 4\), got 8"):  # per axis: dim / 4 pairs
         vispos.create_encoding(
             "rope2d", dim=16, scaling={"type": "longrope", "long_factors": [1.0] * 8}, train_grid=(4, 4)

@@ -52,12 +52,18 @@ def grid_coords(
         if ref_grid is not None:
             ys, xs = ys / h * ref_grid[0], xs / w * ref_grid[1]
     else:
-        den_h, den_w = {"separate": (h, w), "min": (min(h, w),) * 2, "max": (max(h, w),) * 2}[normalize]
+        den_h, den_w = normalized_denominators((h, w), normalize)
         ys, xs = (ys + 0.5) / den_h * 2 - 1, (xs + 0.5) / den_w * 2 - 1
     if cells is not None:
         return torch.stack((ys, xs), dim=-1)
     yy, xx = torch.meshgrid(ys, xs, indexing="ij")
     return torch.stack((yy.flatten(), xx.flatten()), dim=-1)
+
+
+def normalized_denominators(grid: tuple[int, int], normalize: str) -> tuple[int, int]:
+    """What DINOv3 divides (y, x) patch centres by: each axis's size, or the smaller / larger side for both."""
+    h, w = grid
+    return {"separate": (h, w), "min": (min(h, w),) * 2, "max": (max(h, w),) * 2}[normalize]
 
 
 @dataclass(frozen=True)
@@ -139,7 +145,11 @@ class Rope2d(nn.Module):
 
     With pixel coordinates a larger grid reaches angles never seen in training; ``scaling`` +
     ``train_grid`` then stretch each axis by its own factor (current / training size). Normalized
-    coordinates sample the same angle range more densely instead.
+    coordinates sample the same angle range more densely instead: position interpolation by construction.
+    A scaling on them first stretches each axis of a grid larger than training by size / training size (so
+    that it reaches past [-1, 1] at the training spacing), then scales from there: ``linear`` gives back
+    DINOv3's own attention at every size, ``ntk`` and ``yarn`` keep the fast pairs at the spacing they were
+    trained at, with rotations counted over the training image (``span``).
     """
 
     def __init__(
@@ -197,8 +207,6 @@ class Rope2d(nn.Module):
         """
         train_grid = self.train_grid if train_grid is None else check_grid(train_grid, "train_grid")
         if scaling is not None:
-            if self.coords != "pixel":
-                raise ValueError("RoPE scaling applies to coords='pixel'; normalized coordinates never leave [-1, 1]")
             if self.ref_grid is not None:
                 raise ValueError("RoPE scaling does not combine with ref_grid, which already rescales every grid")
             if self.periods is not None:
@@ -237,11 +245,29 @@ class Rope2d(nn.Module):
             return
         self.set_scaling(saved_scaling(state["scaling"]), train_grid=tuple(state["train_grid"]))
 
-    def inv_freq(self, scaling: RopeScaling | None, length: int) -> tuple[torch.Tensor, float]:
-        """One axis's inverse frequencies [dim / 4] and attention factor at ``length`` tokens on that axis."""
+    def inv_freq(self, scaling: RopeScaling | None, length: int, axis: int = 0) -> tuple[torch.Tensor, float]:
+        """One axis's (``axis``: 0 for y, 1 for x) inverse frequencies [dim / 4] and attention factor at ``length``
+        tokens on that axis."""
         if self.periods is not None:
             return period_inv_freq(self.dim // 2, *self.periods), 1.0
-        return scaled_inv_freq(self.dim // 2, self.theta, scaling, length)
+        return scaled_inv_freq(self.dim // 2, self.theta, scaling, length, span=self.span(scaling, axis))
+
+    def span(self, scaling: RopeScaling | None, axis: int) -> float | None:
+        """The coordinate extent of the training grid along ``axis``, where YaRN and Llama 3 count rotations:
+        its size for pixel coordinates (None: the scaling's original length), 2 pi x 2 x size / denominator for
+        normalized ones (4 pi with ``normalize="separate"``: [-1, 1] whatever the size)."""
+        if scaling is None or self.coords == "pixel":
+            return None
+        size = self.train_grid[axis]  # type: ignore[index]
+        return 4 * math.pi * size / normalized_denominators(self.train_grid, self.normalize)[axis]  # type: ignore[arg-type]
+
+    def frame(self, grid: tuple[int, int]) -> tuple[float, float] | None:
+        """What normalized coordinates at ``grid`` are multiplied by while a scaling is set: per axis max(1, size /
+        training size), so that a larger grid reaches past [-1, 1] at the training spacing (the frame the
+        scaling then maps back; at or below the training size nothing changes). None: DINOv3's own frame."""
+        if self.coords != "normalized" or self.scaling_y is None:
+            return None
+        return tuple(max(1.0, n / n0) for n, n0 in zip(grid, self.train_grid, strict=True))  # type: ignore[return-value,arg-type]
 
     def coordinates(
         self, grid: tuple[int, int], device: torch.device | None = None, cells: torch.Tensor | None = None
@@ -251,6 +277,8 @@ class Rope2d(nn.Module):
             grid, self.coords, device, offset=self.offset, normalize=self.normalize, ref_grid=self.ref_grid,
             cells=cells,
         )  # fmt: skip
+        if (stretch := self.frame(grid)) is not None:
+            yx = yx * yx.new_tensor(stretch)  # [N, 2] (y, x): the training spacing beyond the training size
         return frame_coords(yx, self.axes, self.augment, self.training, self.coords == "normalized")
 
     def angles(
@@ -259,8 +287,8 @@ class Rope2d(nn.Module):
         """Per-pair angles [H*W or M, dim/2] (the first axis's pairs, then the second's) and the attention
         factor; ``grid`` sets the frequencies (scaling) and the coordinate frame, ``cells`` the points."""
         h, w = check_grid(grid)
-        inv_y, att_y = self.inv_freq(self.scaling_y, h)
-        inv_x, att_x = self.inv_freq(self.scaling_x, w)
+        inv_y, att_y = self.inv_freq(self.scaling_y, h, 0)
+        inv_x, att_x = self.inv_freq(self.scaling_x, w, 1)
         first, second = (inv_y, inv_x) if self.axes == "yx" else (inv_x, inv_y)
         c = self.coordinates((h, w), device, cells)
         angles = torch.cat((rope_angles(c[:, 0], first), rope_angles(c[:, 1], second)), dim=-1)

@@ -356,13 +356,13 @@ def fold_scaling_fields(options: dict[str, object]) -> dict[str, object]:
     return {**rest, "scaling": as_scaling(options.get("scaling"), **given)}
 
 
-def _yarn_correction_dim(rotations: float, dim: int, theta: float, original_length: int) -> float:
+def _yarn_correction_dim(rotations: float, dim: int, theta: float, original_length: float) -> float:
     """The (fractional) frequency index that completes ``rotations`` turns over ``original_length``."""
     return dim * math.log(original_length / (rotations * 2 * math.pi)) / (2 * math.log(theta))
 
 
 def yarn_ramp(
-    dim: int, theta: float, original_length: int, beta_fast: float, beta_slow: float, *, truncate: bool = True
+    dim: int, theta: float, original_length: float, beta_fast: float, beta_slow: float, *, truncate: bool = True
 ) -> torch.Tensor:
     """YaRN's extrapolation weight per frequency, [dim // 2]: 1 keeps the frequency, 0 interpolates it.
 
@@ -385,7 +385,7 @@ def yarn_mscale(s: float, mscale: float = 1.0) -> float:
 
 
 def llama3_blend(
-    dim: int, theta: float, original_length: int, low_freq_factor: float, high_freq_factor: float
+    dim: int, theta: float, original_length: float, low_freq_factor: float, high_freq_factor: float
 ) -> torch.Tensor:
     """Llama 3.1's weight of the unscaled frequency per pair, [dim // 2]: 1 for wavelengths 2 pi / f below
     L0 / high_freq_factor, 0 above L0 / low_freq_factor, (L0 / wavelength - low) / (high - low) between."""
@@ -405,27 +405,31 @@ def check_scaling_dim(scaling: RopeScaling | None, dim: int) -> None:
             )
 
 
-# --- one function per type: (dim, theta, scaling, factor s, length) -> (inv_freq [dim // 2], attention factor)
-Method = Callable[[int, float, RopeScaling, float, int], tuple[torch.Tensor, float]]
+# --- one function per type: (dim, theta, scaling, factor s, length, span) -> (inv_freq [dim // 2], attention factor);
+# ``span``: the angle (radians) the training length turns at inverse frequency 1, where YaRN and Llama 3 count
+# rotations (``original_length`` for integer positions; ``scaled_inv_freq``)
+Method = Callable[[int, float, RopeScaling, float, int, float], tuple[torch.Tensor, float]]
 
 
-def _linear(dim: int, theta: float, sc: RopeScaling, s: float, length: int) -> tuple[torch.Tensor, float]:
+def _linear(dim: int, theta: float, sc: RopeScaling, s: float, length: int, span: float) -> tuple[torch.Tensor, float]:
     return rope_inv_freq(dim, theta) / s, 1.0
 
 
-def _ntk(dim: int, theta: float, sc: RopeScaling, s: float, length: int) -> tuple[torch.Tensor, float]:
+def _ntk(dim: int, theta: float, sc: RopeScaling, s: float, length: int, span: float) -> tuple[torch.Tensor, float]:
     return rope_inv_freq(dim, theta * s ** (dim / (dim - 2))), 1.0
 
 
-def _dynamic_ntk(dim: int, theta: float, sc: RopeScaling, s: float, length: int) -> tuple[torch.Tensor, float]:
+def _dynamic_ntk(
+    dim: int, theta: float, sc: RopeScaling, s: float, length: int, span: float
+) -> tuple[torch.Tensor, float]:
     a = sc.factor if sc.factor is not None else 1.0  # L / L0 below already follows the length
     grown = max(length, sc.original_length) / sc.original_length  # type: ignore[operator]
     return rope_inv_freq(dim, theta * (a * grown - (a - 1)) ** (dim / (dim - 2))), 1.0
 
 
-def _yarn(dim: int, theta: float, sc: RopeScaling, s: float, length: int) -> tuple[torch.Tensor, float]:
+def _yarn(dim: int, theta: float, sc: RopeScaling, s: float, length: int, span: float) -> tuple[torch.Tensor, float]:
     base = rope_inv_freq(dim, theta)
-    keep = yarn_ramp(dim, theta, sc.original_length, sc.beta_fast, sc.beta_slow, truncate=sc.truncate)  # type: ignore[arg-type]
+    keep = yarn_ramp(dim, theta, span, sc.beta_fast, sc.beta_slow, truncate=sc.truncate)  # type: ignore[arg-type]
     if sc.mscale is None:
         attention = yarn_mscale(s)
     else:
@@ -433,7 +437,9 @@ def _yarn(dim: int, theta: float, sc: RopeScaling, s: float, length: int) -> tup
     return base / s * (1 - keep) + base * keep, attention
 
 
-def _longrope(dim: int, theta: float, sc: RopeScaling, s: float, length: int) -> tuple[torch.Tensor, float]:
+def _longrope(
+    dim: int, theta: float, sc: RopeScaling, s: float, length: int, span: float
+) -> tuple[torch.Tensor, float]:
     check_scaling_dim(sc, dim)
     use_long = length > sc.original_length or sc.short_factors is None  # type: ignore[operator]
     factors = sc.long_factors if use_long else sc.short_factors
@@ -444,9 +450,9 @@ def _longrope(dim: int, theta: float, sc: RopeScaling, s: float, length: int) ->
     return rope_inv_freq(dim, theta) / torch.tensor(factors, dtype=torch.float32), attention
 
 
-def _llama3(dim: int, theta: float, sc: RopeScaling, s: float, length: int) -> tuple[torch.Tensor, float]:
+def _llama3(dim: int, theta: float, sc: RopeScaling, s: float, length: int, span: float) -> tuple[torch.Tensor, float]:
     base = rope_inv_freq(dim, theta)
-    keep = llama3_blend(dim, theta, sc.original_length, sc.low_freq_factor, sc.high_freq_factor)  # type: ignore[arg-type]
+    keep = llama3_blend(dim, theta, span, sc.low_freq_factor, sc.high_freq_factor)  # type: ignore[arg-type]
     return base / s * (1 - keep) + base * keep, 1.0
 
 
@@ -456,11 +462,20 @@ METHODS: dict[str, Method] = {
 }  # fmt: skip
 
 
-def scaled_inv_freq(dim: int, theta: float, scaling: RopeScaling | None, length: int) -> tuple[torch.Tensor, float]:
-    """Inverse frequencies [dim // 2] and the attention factor for a sequence of ``length`` tokens."""
+def scaled_inv_freq(
+    dim: int, theta: float, scaling: RopeScaling | None, length: int, *, span: float | None = None
+) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies [dim // 2] and the attention factor for a sequence of ``length`` tokens.
+
+    ``span``: the coordinate extent of the training length, where YaRN and Llama 3 count each frequency's
+    rotations (a pair turns span x inv_freq radians over it); None: ``original_length``, the span of
+    integer positions. Coordinates on another scale (DINOv3's 2 pi x normalized coordinates, 4 pi over any
+    training grid) give theirs, so the ramp keeps the pairs that turn often over the training image."""
     if scaling is None:
         return rope_inv_freq(dim, theta), 1.0
-    inv_freq, attention = METHODS[scaling.type](dim, theta, scaling, scaling.resolve_factor(length), length)
+    span = float(scaling.original_length) if span is None and scaling.original_length is not None else span
+    factor = scaling.resolve_factor(length)
+    inv_freq, attention = METHODS[scaling.type](dim, theta, scaling, factor, length, span)  # type: ignore[arg-type]
     if scaling.attention_factor is not None:
         attention = scaling.attention_factor
     return inv_freq, attention
