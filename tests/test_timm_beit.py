@@ -241,3 +241,16 @@ def test_training_with_gradient_checkpointing_reaches_the_bias() -> None:
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.vispos.parameters())
     assert {"vispos.attention.0.table", "cls_token"} <= model.no_weight_decay()
     assert model.group_matcher()["blocks"][0][0] == r"^vispos\.attention\.(\d+)"
+
+
+def test_a_conditional_scheme_runs_after_its_block() -> None:
+    """peg2d on BEiT's blocks (which take the context as shared_rel_pos_bias): its convolution reaches the output,
+    in forward and in forward_intermediates, at a non-square size."""
+    model = patched(beit(), ["relbias2d", "peg2d"], after=1)
+    x = torch.randn(2, 3, 48, 80)
+    with torch.no_grad():
+        with_peg, last = model(x), model.forward_intermediates(x, indices=[1], output_fmt="NLC")[1][0]
+        model.vispos.conditional.proj.weight.zero_()
+        model.vispos.conditional.proj.bias.zero_()
+        without, last_without = model(x), model.forward_intermediates(x, indices=[1], output_fmt="NLC")[1][0]
+    assert (with_peg - without).abs().max() > 1e-3 and (last - last_without).abs().max() > 1e-3
