@@ -63,6 +63,7 @@ BAD: dict[str, list[object]] = {
     "freqs": CHOICE,
     "preset": CHOICE[:-1],  # None: no preset
     "spacing": CHOICE,
+    "resize": CHOICE,
     # flags
     "factorized": FLAG,
     "antialias": FLAG,

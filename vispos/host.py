@@ -41,6 +41,7 @@ class OwnRope:
     source: str
     freqs: torch.Tensor | None = field(default=None, repr=False)
     freqs_order: str = "xy"  # the host's first frequency component multiplies x ("xy") or y ("yx")
+    what: str = "RoPE"  # what the model's own positions are, in warnings ("relative position bias": BEiT)
 
     def record(self) -> dict[str, str]:
         """What ``vispos_cfg["inherited"]`` keeps: the source, and for learned frequencies their axis order
@@ -198,7 +199,7 @@ def _inheriting(
     if attention is None or attention.name != own.scheme:
         asked = attention.name if attention is not None else "no attention scheme"
         warn(
-            f"this model's own RoPE ({own.describe()}) is discarded: {asked} replaces it, and the pretrained "
+            f"this model's own {own.what} ({own.describe()}) is discarded: {asked} replaces it, and the pretrained "
             f"weights were trained with it. Patch with {own.scheme!r} to keep it, or inherit=False to start "
             "fresh without this warning"
         )
@@ -209,7 +210,7 @@ def _inheriting(
         return get_info("learned2d", ndim=2), attention
     if additive.name != "learned2d":
         warn(
-            f"this model's learned pos_embed (beside its RoPE) is discarded: {additive.name} replaces it. "
+            f"this model's learned pos_embed (beside its {own.what}) is discarded: {additive.name} replaces it. "
             "Leave the additive scheme out (or use learned2d) to keep it"
         )
     return additive, attention

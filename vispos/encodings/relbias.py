@@ -2,6 +2,12 @@
 
 Both return a bias [heads, H*W, H*W] for the patch tokens of a grid; prefix tokens get zero bias from
 the caller (see ``vispos.attention``).
+
+Two rules take relbias2d's table to another grid (``resize``): ``"bicubic"`` over the (dy, dx) plane (Swin's
+checkpoint rule), or ``"geometric"``, BEiT's (``resize_rel_pos_bias_table`` in timm, from unilm's BEiT
+fine-tuning code): the old offsets 0, +-1, +-(1 + q), +-(1 + q + q^2)... are spread over the new range with
+q in [1.01, 1.5] found by bisection so that the last one reaches the new largest offset, and the table is read
+between them piecewise-linearly, each axis on its own, constant beyond the ends.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ import torch
 from torch import nn
 
 from .._state import decode, encode
-from .._validate import check_bool, check_float, check_grid, check_int, same_size
+from .._validate import check_bool, check_choice, check_float, check_grid, check_int, same_size
 from ..registry import register
 from .learned import resize_bicubic
 
@@ -94,6 +100,77 @@ def resize_bias_table(table: torch.Tensor, old_grid: tuple[int, int], new_grid: 
     return out.reshape(heads, -1).T.to(table.dtype)
 
 
+RESIZE: tuple[str, ...] = ("bicubic", "geometric")
+
+
+def _bisection_steps(low: float, high: float, tolerance: float) -> int:
+    """How many halvings BEiT's bisection makes: the interval shrinks alike whichever half is kept."""
+    steps = 0
+    while high - low > tolerance:
+        high, steps = (low + high) / 2.0, steps + 1
+    return steps
+
+
+GEOMETRIC_RANGE: tuple[float, float] = (1.01, 1.5)  # where BEiT's bisection looks for the ratio q
+GEOMETRIC_STEPS: int = _bisection_steps(*GEOMETRIC_RANGE, 1e-6)
+
+
+def geometric_points(n: int, reach: torch.Tensor) -> torch.Tensor:
+    """BEiT's resize: where the offsets -n..n of a table axis go on an axis whose largest offset is ``reach``
+    (a 0-dim float64 tensor): 0, +-1, +-(1 + q), ... +-(1 + q + ... + q^(n-1)), q by bisection so that the
+    sum of n terms ends next to ``reach``. [2n + 1] float64, ascending."""
+    low, high = (torch.full((), v, dtype=torch.float64, device=reach.device) for v in GEOMETRIC_RANGE)
+    q = low
+    for _ in range(GEOMETRIC_STEPS):
+        q = (low + high) / 2.0
+        over = (1.0 - q**n) / (1.0 - q) > reach  # the n-term geometric sum overshoots the new reach
+        high, low = torch.where(over, q, high), torch.where(over, low, q)
+    outward = (q ** torch.arange(n, dtype=torch.float64, device=reach.device)).cumsum(0)  # [n]: 1, 1 + q, ...
+    return torch.cat((-outward.flip(0), outward.new_zeros(1), outward))
+
+
+def linear_weights(points: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
+    """Piecewise-linear interpolation from values at ascending ``points`` [M] to positions ``at`` [T], constant
+    beyond the ends, as a matrix [T, M] (each row sums to 1): hat functions on the points."""
+    x = torch.minimum(torch.maximum(at, points[0]), points[-1])[:, None]  # [T, 1], clamped to the points
+    before = torch.cat((points[:1] - 1.0, points[:-1]))  # [M]: each point's left neighbour (a unit step at the end)
+    after = torch.cat((points[1:], points[-1:] + 1.0))
+    rise, fall = (x - before) / (points - before), (after - x) / (after - points)  # [T, M]
+    return torch.minimum(rise, fall).clamp(0.0, 1.0)
+
+
+def resize_bias_table_geometric(
+    table: torch.Tensor, old_grid: tuple[int, int], new_grid: tuple[int, int]
+) -> torch.Tensor:
+    """[(2H-1)(2W-1), heads] -> [(2H'-1)(2W'-1), heads] by BEiT's rule (timm's ``resize_rel_pos_bias_table``):
+    each axis's old offsets at ``geometric_points``, read at the new integer offsets; both axes are respread
+    when either size changes, and the table is returned as it is on the same grid (also in an exported program,
+    whose sizes are unknown when it is traced: there the integer points are chosen by value)."""
+    if same_size(old_grid, new_grid):
+        return table
+    (h, w), (h2, w2) = old_grid, new_grid
+    f64 = dict(dtype=torch.float64, device=table.device)
+    targets = [torch.arange(-(s - 1), s, **f64) for s in (h2, w2)]  # [2H'-1], [2W'-1]: the new offsets
+    same = (targets[0][-1] == h - 1) & (targets[1][-1] == w - 1)
+    weights = []
+    for n, target in zip((h - 1, w - 1), targets, strict=True):
+        points = torch.where(same, torch.arange(-n, n + 1, **f64), geometric_points(n, target[-1]))
+        weights.append(linear_weights(points.float(), target.float()))  # fp32, as timm interpolates
+    heads = table.shape[-1]
+    plane = table.T.reshape(heads, 2 * h - 1, 2 * w - 1).float()
+    out = torch.einsum("ai,hij,bj->hab", weights[0], plane, weights[1])  # [heads, 2H'-1, 2W'-1]
+    return out.reshape(heads, -1).T.to(table.dtype)
+
+
+def resize_table(
+    table: torch.Tensor, old_grid: tuple[int, int], new_grid: tuple[int, int], rule: str = "bicubic"
+) -> torch.Tensor:
+    """A per-offset table [(2H-1)(2W-1), heads] at ``new_grid`` by ``rule`` (``RESIZE``)."""
+    if rule == "geometric":
+        return resize_bias_table_geometric(table, old_grid, new_grid)
+    return resize_bias_table(table, old_grid, new_grid)
+
+
 def prefix_bias(num_heads: int, num_prefix_tokens: int, prefix_entries: bool) -> nn.Parameter | None:
     """BEiT's three extra entries per head, [3, heads]: prefix->patch, patch->prefix, prefix->prefix (shared by
     every prefix token). Zero at the start, as the prefix rows and columns are without them; without them a
@@ -122,12 +199,16 @@ class RelativeBias2d(nn.Module):
     extrapolation="table resized (bicubic) to the new grid", reference="Liu et al. 2021 (Swin)")
 class RelBias2d(RelativeBias2d):
     """Swin relative position bias: one learned scalar per head for each (dy, dx) of the training grid;
-    other grids resize the table bicubically over the (dy, dx) plane."""
+    other grids resize the table bicubically over the (dy, dx) plane (``resize="geometric"``: BEiT's rule).
+    One table per layer, or one shared by every layer (``per_layer=False``, BEiT's shared bias)."""
 
     def __init__(self, *, num_heads: int, train_grid: tuple[int, int] = (14, 14), num_prefix_tokens: int = 0,
-                 prefix_entries: bool = True, init_std: float = 0.02) -> None:  # fmt: skip
+                 prefix_entries: bool = True, init_std: float = 0.02, resize: str = "bicubic",
+                 per_layer: bool = True) -> None:  # fmt: skip
         super().__init__(num_heads, train_grid, num_prefix_tokens, prefix_entries)
         init_std = check_float("init_std", init_std, minimum=0.0)
+        self.resize = check_choice("resize", resize, RESIZE)
+        self.per_layer = check_bool("per_layer", per_layer)  # read by the host (one module per layer, or one)
         h, w = self.train_grid
         self.table = nn.Parameter(torch.zeros((2 * h - 1) * (2 * w - 1), self.num_heads))
         nn.init.trunc_normal_(self.table, std=init_std)
@@ -135,15 +216,16 @@ class RelBias2d(RelativeBias2d):
     def offset_bias(self, grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
         """-> [heads, 2H-1, 2W-1], one value per offset; the table is resized when ``grid`` differs from training."""
         h, w = check_grid(grid)
-        return resize_bias_table(self.table, self.train_grid, (h, w)).T.reshape(self.num_heads, 2 * h - 1, 2 * w - 1)
+        table = resize_table(self.table, self.train_grid, (h, w), self.resize)
+        return table.T.reshape(self.num_heads, 2 * h - 1, 2 * w - 1)
 
     def resample_state(
         self, state: dict[str, torch.Tensor], prefix: str, old_grid: tuple[int, int], new_grid: tuple[int, int]
     ) -> None:
-        """Loading a checkpoint made at ``old_grid``: its table, resized to this module's grid (Swin's rule)."""
+        """Loading a checkpoint made at ``old_grid``: its table, resized to this module's grid (its ``resize`` rule)."""
         key = f"{prefix}table"
         if key in state:
-            state[key] = resize_bias_table(state[key], old_grid, new_grid)
+            state[key] = resize_table(state[key], old_grid, new_grid, self.resize)
 
     def forward(self, grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
         """-> [heads, HW, HW]."""

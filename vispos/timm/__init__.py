@@ -6,6 +6,8 @@
   and ``forward_intermediates``), made once per timm class and found again by pickle.
 - ``inherit.py``: a timm model's own RoPE (RoPE-ViT, EVA-02, DINOv3, PE) as ``rope2d`` / ``rope2d_mixed``
   options, which ``patch`` keeps by default, and the warnings when options or schemes discard it.
+- ``beit.py``: BEiT / BEiT v2 (``Beit``) as a host of its own (``PatchedBeit``): its relative bias (per layer
+  or shared) inherited as ``relbias2d`` with BEiT's resize rule, its ``pos_embed`` as ``learned2d``.
 - ``attention.py``: ``PatchedAttention``, which adopts a timm attention's weights and applies the
   positions; its ``positioned`` method is the one q/k path that both ``forward`` and the diagnostics use.
 
@@ -19,9 +21,16 @@ runs the suite against any release.
 What the adapter touches in timm, and what for:
 
 - Classes accepted (``isinstance``): ``timm.models.vision_transformer.VisionTransformer`` and
-  ``timm.models.eva.Eva`` (models); ``vision_transformer.Attention``, ``timm.layers.AttentionRope``,
-  ``eva.EvaAttention`` (attentions replaced). Refused by class name: ``VisionTransformerRelPos``, ``Beit``,
-  ``SwinTransformer``, ``SwinTransformerV2``, ``SwinTransformerV2Cr``.
+  ``timm.models.eva.Eva``, ``naflexvit.NaFlexVit``, ``beit.Beit`` (models); ``vision_transformer.Attention``,
+  ``timm.layers.AttentionRope``, ``eva.EvaAttention``, ``beit.Attention`` (attentions replaced). Refused by class
+  name: ``VisionTransformerRelPos``, ``SwinTransformer``, ``SwinTransformerV2``, ``SwinTransformerV2Cr``.
+- BEiT (``beit.py``): blocks called as ``block(x, shared_rel_pos_bias=...)`` (the context travels there); read:
+  ``blocks[i].attn.relative_position_bias_table`` ([(2H-1)(2W-1) + 3, heads], ``gen_relative_position_index``'s
+  layout), ``rel_pos_bias.relative_position_bias_table``, ``pos_embed``, ``cls_token``, ``patch_embed.grid_size``;
+  written: ``pos_embed = None``, ``rel_pos_bias = None``; overridden: ``forward_features``,
+  ``forward_intermediates``, ``set_input_size``; ``timm.models._features.feature_take_indices`` and
+  ``timm.models._input.update_model_input_size`` (private); BEiT's resize rule is timm's
+  ``layers.resize_rel_pos_bias_table`` (reproduced in ``vispos.encodings.relbias``).
 - Methods overridden on the patched subclass: ``_pos_embed`` (private; Eva's returns ``(x, rope)``),
   ``forward_features``, ``forward_intermediates`` (called through ``super()`` with ``attn_mask=``),
   ``no_weight_decay``, ``group_matcher`` (both extend timm's result).

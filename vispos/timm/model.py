@@ -136,17 +136,7 @@ class PatchedViT(PositionsHost):
     def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
         """timm's groups, with per-layer positional parameters in their block, a conditional scheme in the
         block it follows, and the rest in the stem."""
-        matcher = dict(super().group_matcher(coarse))
-        matcher["stem"] = rf"{matcher['stem']}|^vispos\.additive|^vispos\.attention\.(?!\d)"
-        blocks = matcher["blocks"]
-        per_layer = r"^vispos\.attention\.(\d+)"
-        matcher["blocks"] = [(per_layer, None), *blocks] if isinstance(blocks, list) else rf"{blocks}|{per_layer}"
-        conditional = self.vispos.conditional
-        if conditional is not None and isinstance(blocks, list):
-            matcher["blocks"].insert(0, (r"^vispos\.conditional\.", (conditional.after,)))
-        elif conditional is not None:  # a single regex cannot name a fixed block: the stem
-            matcher["stem"] += r"|^vispos\.conditional\."
-        return matcher
+        return positional_groups(super().group_matcher(coarse), self.vispos)
 
     def vispos_grid(self, image: torch.Tensor) -> tuple[int, int]:
         """The token grid the patch embedding makes of an image batch [B, C, H, W]."""
@@ -190,6 +180,22 @@ class PatchedViT(PositionsHost):
                 "positions; call it in eval mode (model.eval()) or use forward / forward_features"
             )
         return super().forward_intermediates(x, *args, attn_mask=self.vispos_context(x, attn_mask), **kwargs)
+
+
+def positional_groups(timm_matcher: Mapping[str, Any], positions: Positions) -> dict[str, Any]:
+    """A timm ``group_matcher`` result with the positional parameters placed: per-layer ones in their block,
+    a conditional scheme in the block it follows, the rest in the stem."""
+    matcher = dict(timm_matcher)
+    matcher["stem"] = rf"{matcher['stem']}|^vispos\.additive|^vispos\.attention\.(?!\d)"
+    blocks = matcher["blocks"]
+    per_layer = r"^vispos\.attention\.(\d+)"
+    matcher["blocks"] = [(per_layer, None), *blocks] if isinstance(blocks, list) else rf"{blocks}|{per_layer}"
+    conditional = positions.conditional
+    if conditional is not None and isinstance(blocks, list):
+        matcher["blocks"].insert(0, (r"^vispos\.conditional\.", (conditional.after,)))
+    elif conditional is not None:  # a single regex cannot name a fixed block: the stem
+        matcher["stem"] += r"|^vispos\.conditional\."
+    return matcher
 
 
 def adopt_timm_checkpoint(model: PatchedViT, state_dict: dict[str, Any], prefix: str, *_: Any) -> None:
