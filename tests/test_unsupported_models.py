@@ -8,7 +8,10 @@ import torch
 
 import vispos
 
-EVERY_HOST = r"supports timm VisionTransformer, timm Eva, timm NaFlexVit \(and subclasses such as DeiT\)"
+EVERY_HOST = (
+    r"supports timm VisionTransformer, timm Eva, timm NaFlexVit, timm VisionTransformerRelPos "
+    r"\(and subclasses such as DeiT\)"
+)
 
 
 def test_an_unsupported_class_is_told_every_supported_one() -> None:

@@ -6,6 +6,9 @@
   and ``forward_intermediates``), made once per timm class and found again by pickle.
 - ``inherit.py``: a timm model's own RoPE (RoPE-ViT, EVA-02, DINOv3, PE) as ``rope2d`` / ``rope2d_mixed``
   options, which ``patch`` keeps by default, and the warnings when options or schemes discard it.
+- ``relpos.py``: timm's ``VisionTransformerRelPos`` (``vit_relpos_*``, ``vit_srelpos_*``), a host of its own: its
+  relative bias (``RelPosMlp`` / ``RelPosBias``) inherited as ``cpb2d`` / ``relbias2d``, the context handed to the
+  blocks as their ``shared_rel_pos``.
 - ``attention.py``: ``PatchedAttention``, which adopts a timm attention's weights and applies the
   positions; its ``positioned`` method is the one q/k path that both ``forward`` and the diagnostics use.
 
@@ -20,8 +23,15 @@ What the adapter touches in timm, and what for:
 
 - Classes accepted (``isinstance``): ``timm.models.vision_transformer.VisionTransformer`` and
   ``timm.models.eva.Eva`` (models); ``vision_transformer.Attention``, ``timm.layers.AttentionRope``,
-  ``eva.EvaAttention`` (attentions replaced). Refused by class name: ``VisionTransformerRelPos``, ``Beit``,
-  ``SwinTransformer``, ``SwinTransformerV2``, ``SwinTransformerV2Cr``.
+  ``eva.EvaAttention`` (attentions replaced); ``vision_transformer_relpos.VisionTransformerRelPos`` with its
+  ``RelPosAttention`` (``relpos.py``). Refused by class name: ``Beit``, ``SwinTransformer``, ``SwinTransformerV2``,
+  ``SwinTransformerV2Cr``.
+- VisionTransformerRelPos (``relpos.py``): blocks called as ``block(x, shared_rel_pos=...)``; read: ``shared_rel_pos``,
+  ``blocks[i].attn.rel_pos`` (``RelPosMlp``: ``mode``, ``pretrained_window_size``, ``bias_gain``, ``mlp.fc1`` /
+  ``fc2`` / ``act`` / ``norm`` / ``drop1``; ``RelPosBias``: ``relative_position_bias_table``), ``cls_token``,
+  ``num_prefix_tokens``; their state-dict keys (``blocks.{i}.attn.rel_pos.mlp.fc1.weight``,
+  ``shared_rel_pos.relative_position_bias_table``...) mapped when a timm checkpoint loads; written:
+  ``shared_rel_pos = None``, ``norm_pre = nn.Identity()``; ``timm.models._features.feature_take_indices``.
 - Methods overridden on the patched subclass: ``_pos_embed`` (private; Eva's returns ``(x, rope)``),
   ``forward_features``, ``forward_intermediates`` (called through ``super()`` with ``attn_mask=``),
   ``no_weight_decay``, ``group_matcher`` (both extend timm's result).

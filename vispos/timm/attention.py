@@ -28,10 +28,12 @@ class PatchedAttention(torch.nn.Module):
     the same objects as before. Blocks hand it a ``PositionContext`` through their ``attn_mask`` argument.
     """
 
+    accepts: tuple[type, ...] = SUPPORTED_ATTENTION  # the timm attentions this class replaces
+
     def __init__(self, original: torch.nn.Module, layer_idx: int) -> None:
         super().__init__()
-        if not isinstance(original, SUPPORTED_ATTENTION):
-            names = ", ".join(c.__name__ for c in SUPPORTED_ATTENTION)
+        if not isinstance(original, self.accepts):
+            names = ", ".join(c.__name__ for c in self.accepts)
             raise TypeError(f"attention {type(original).__name__} is not supported; supported: {names}")
         persistent = set(original.state_dict(keep_vars=True))
         for name, child in original.named_children():
