@@ -42,6 +42,7 @@ BAD: dict[str, list[object]] = {
     "min_freq": POSITIVE,
     "max_freq": POSITIVE,
     "zero_freqs": [-0.1, 1.5, *NUMBER, None],
+    "dropout": [-0.1, 1.0, 1.5, *NUMBER, None],  # a probability below 1
     # counts
     "hidden": COUNT,
     "max_len": COUNT,
@@ -58,12 +59,15 @@ BAD: dict[str, list[object]] = {
     "section_layout": CHOICE,
     "out_of_range": CHOICE,
     "resample": CHOICE,
+    "resize": CHOICE,
     "interpolation": CHOICE,
     "variant": CHOICE,
     "freqs": CHOICE,
     "preset": CHOICE[:-1],  # None: no preset
     "spacing": CHOICE,
     "resize": CHOICE,
+    "offset_scale": CHOICE,
+    "output": CHOICE,
     # flags
     "factorized": FLAG,
     "antialias": FLAG,
@@ -72,6 +76,7 @@ BAD: dict[str, list[object]] = {
     "prefix_entries": FLAG,
     "rotate": FLAG,
     "values": FLAG,
+    "out_bias": FLAG,
     # structured
     "ref_grid": GRID,
     "sections": [(1, 2), (-1, 5, 4), (1.0, 3, 4), (True, 3, 4), "abc", 8],

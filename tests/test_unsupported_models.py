@@ -8,7 +8,10 @@ import torch
 
 import vispos
 
-EVERY_HOST = r"supports timm VisionTransformer, timm Eva, timm NaFlexVit, timm Beit \(and subclasses such as DeiT\)"
+EVERY_HOST = (
+    r"supports timm VisionTransformer, timm Eva, timm NaFlexVit, timm Beit, timm VisionTransformerRelPos "
+    r"\(and subclasses such as DeiT\)"
+)
 
 
 def test_an_unsupported_class_is_told_every_supported_one() -> None:
@@ -17,14 +20,15 @@ def test_an_unsupported_class_is_told_every_supported_one() -> None:
 
 
 def test_a_model_with_its_own_relative_bias_is_told_every_supported_one() -> None:
-    model = timm.create_model("vit_relpos_small_patch16_224", pretrained=False, depth=1, embed_dim=64, num_heads=2)
-    own = r"VisionTransformerRelPos \(vit_relpos_\* / vit_srelpos_\*\) has a relative position bias .*"
+    model = timm.create_model("swinv2_cr_tiny_ns_224", pretrained=False, depths=(1, 1, 1, 1), embed_dim=32,
+                              num_heads=(1, 1, 1, 1))
+    own = r"SwinTransformerV2Cr \(Swin V2 \(Cr\)\) has a relative position bias .*"
     with pytest.raises(TypeError, match=own + EVERY_HOST):
         vispos.patch(model, "rope2d")
 
 
 def test_every_model_the_message_names_is_patched() -> None:
-    """The names come from the classes patch accepts: a NaFlexVit and a BEiT are patched, not refused."""
-    for name in ("naflexvit_base_patch16_gap", "beit_base_patch16_224"):
+    """The names come from the classes patch accepts: a NaFlexVit, a BEiT and a relpos ViT are patched, not refused."""
+    for name in ("naflexvit_base_patch16_gap", "beit_base_patch16_224", "vit_relpos_small_patch16_224"):
         model = timm.create_model(name, pretrained=False, depth=1, embed_dim=64, num_heads=2)
         assert vispos.patch(model, "relbias2d") is model and hasattr(model, "vispos")

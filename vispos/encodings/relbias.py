@@ -1,13 +1,22 @@
 """Learned relative position biases on the attention logits: Swin's table and SwinV2's continuous MLP.
 
 Both return a bias [heads, H*W, H*W] for the patch tokens of a grid; prefix tokens get zero bias from
-the caller (see ``vispos.attention``).
+the caller (see ``vispos.attention``), or BEiT's three learned entries (``prefix_entries``).
 
 Two rules take relbias2d's table to another grid (``resize``): ``"bicubic"`` over the (dy, dx) plane (Swin's
 checkpoint rule), or ``"geometric"``, BEiT's (``resize_rel_pos_bias_table`` in timm, from unilm's BEiT
 fine-tuning code): the old offsets 0, +-1, +-(1 + q), +-(1 + q + q^2)... are spread over the new range with
 q in [1.01, 1.5] found by bisection so that the last one reaches the new largest offset, and the table is read
 between them piecewise-linearly, each axis on its own, constant beyond the ends.
+
+cpb2d's MLP reads the offsets (dy, dx) in one of two forms (``coords``):
+
+- ``"swin"`` (SwinV2): t = 8 d / (G - 1) per axis, G the training grid (``offset_scale="train"``) or the grid
+  at hand (``"grid"``, timm's ``RelPosMlp(mode="swin")`` without a pretrained window); sign(t) log2(1 + |t|) / 3.
+- ``"log"`` (timm's ``RelPosMlp(mode="cr")``): sign(d) ln(1 + |d|) in patch units, the same at every grid.
+
+and gives the bias as ``max_bias * sigmoid(mlp)`` (``output="sigmoid"``, SwinV2) or the MLP's output itself
+(``output="linear"``, timm's "cr").
 """
 
 from __future__ import annotations
@@ -248,6 +257,17 @@ def log_spaced(offsets: torch.Tensor, train_grid: tuple[int, int]) -> torch.Tens
     return torch.sign(t) * torch.log2(t.abs() + 1.0) / math.log2(8)
 
 
+def log_offsets(offsets: torch.Tensor) -> torch.Tensor:
+    """timm's "cr" log coordinates: sign(d) ln(1 + |d|) of offsets (dy, dx) [..., 2] in patch units (fp32)."""
+    d = offsets.float()
+    return torch.sign(d) * torch.log1p(d.abs())
+
+
+COORDS = ("swin", "log")
+OFFSET_SCALES = ("train", "grid")
+OUTPUTS = ("sigmoid", "linear")
+
+
 @register("cpb2d", ndim=2, kind="bias", trainable=True, relative=True, context=("num_heads", "train_grid",
     "num_prefix_tokens"), per_layer=True, summary="SwinV2 continuous bias: MLP on log-spaced (dy, dx), 16 sigmoid",
     extrapolation="continuous: the MLP is evaluated at new offsets", reference="Liu et al. 2022 (Swin V2)")
@@ -256,14 +276,38 @@ class ContinuousBias2d(RelativeBias2d):
 
     Offsets are normalised by ``offset_grid``: the training grid, or, once a checkpoint made at another
     grid is loaded, that checkpoint's grid (SwinV2's ``pretrained_window_size``), so the MLP keeps the
-    inputs it learned on; it travels with the weights."""
+    inputs it learned on; it travels with the weights. ``offset_scale="grid"`` normalises by the grid at
+    hand instead; ``coords="log"`` takes timm's size-free log coordinates (module docstring).
+
+    The MLP is Linear(2, hidden) -> ReLU -> (``dropout`` on the hidden units, training only) ->
+    Linear(hidden, heads), with a bias on the output layer if ``out_bias``; ``per_layer=False``: one MLP for
+    the whole network (timm's ``shared_rel_pos``)."""
 
     def __init__(self, *, num_heads: int, train_grid: tuple[int, int] = (14, 14), num_prefix_tokens: int = 0,
-                 prefix_entries: bool = True, hidden: int = 512, max_bias: float = 16.0) -> None:  # fmt: skip
+                 prefix_entries: bool = True, hidden: int = 512, max_bias: float = 16.0, coords: str = "swin",
+                 offset_scale: str = "train", output: str = "sigmoid", out_bias: bool = False, dropout: float = 0.0,
+                 per_layer: bool = True) -> None:  # fmt: skip
         super().__init__(num_heads, train_grid, num_prefix_tokens, prefix_entries)
         self.max_bias = check_float("max_bias", max_bias, positive=True)
         hidden = check_int("hidden", hidden, minimum=1)
-        self.mlp = nn.Sequential(nn.Linear(2, hidden), nn.ReLU(inplace=True), nn.Linear(hidden, num_heads, bias=False))
+        self.coords = check_choice("coords", coords, COORDS)
+        self.offset_scale = check_choice("offset_scale", offset_scale, OFFSET_SCALES)
+        self.output = check_choice("output", output, OUTPUTS)
+        check_bool("out_bias", out_bias)
+        self.per_layer = check_bool("per_layer", per_layer)  # read by the host (one MLP per layer, or one)
+        dropout = check_float("dropout", dropout, minimum=0.0)
+        if dropout >= 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        if self.coords == "log" and self.offset_scale != "train":
+            raise ValueError("offset_scale sets the grid that scales coords='swin' offsets; coords='log' is in patch "
+                             "units at every grid: leave offset_scale at 'train'")  # fmt: skip
+        if self.output == "linear" and self.max_bias != 16.0:
+            raise ValueError("max_bias bounds output='sigmoid' (max_bias * sigmoid); output='linear' is the MLP's "
+                             "output, unbounded: leave max_bias at 16.0")  # fmt: skip
+        act: nn.Module = nn.ReLU(inplace=True)
+        if dropout > 0:  # inside the activation's slot: the weights keep their keys (mlp.0, mlp.2)
+            act = nn.Sequential(act, nn.Dropout(dropout))
+        self.mlp = nn.Sequential(nn.Linear(2, hidden), act, nn.Linear(hidden, num_heads, bias=out_bias))
         self.offset_grid = self.train_grid
 
     def get_extra_state(self) -> torch.Tensor:
@@ -272,18 +316,38 @@ class ContinuousBias2d(RelativeBias2d):
     def set_extra_state(self, state: torch.Tensor) -> None:
         self.offset_grid = check_grid(tuple(decode(state)["offset_grid"]), "offset_grid")
 
+    def _inputs(self, offsets: torch.Tensor, grid: tuple[int, int] | None) -> torch.Tensor:
+        """Offsets (dy, dx) [..., 2] -> the MLP's inputs [..., 2] (fp32); ``grid``: the grid at hand."""
+        if self.coords == "log":
+            return log_offsets(offsets)
+        if self.offset_scale == "train":
+            return log_spaced(offsets, self.offset_grid)
+        if grid is None:
+            raise ValueError("cpb2d(offset_scale='grid') scales offsets by the grid of the tokens, which fractional "
+                             "points have not; use offset_scale='train' or coords='log'")  # fmt: skip
+        return log_spaced(offsets, grid)
+
+    def _bias(self, raw: torch.Tensor) -> torch.Tensor:
+        """The MLP's output -> the bias (fp32)."""
+        raw = raw.float()
+        return self.max_bias * torch.sigmoid(raw) if self.output == "sigmoid" else raw
+
     def offset_bias(self, grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
         """-> [heads, 2H-1, 2W-1] fp32, one value per offset: the MLP evaluated at the offsets of ``grid``."""
+        grid = check_grid(grid)
         weight = self.mlp[0].weight
-        inputs = log_spaced_offsets(check_grid(grid), self.offset_grid, weight.device).to(weight.dtype)
-        return self.max_bias * torch.sigmoid(self.mlp(inputs).permute(2, 0, 1).float())  # [heads, 2H-1, 2W-1]
+        if self.coords == "swin":  # SwinV2's table, built as it builds it
+            scale = self.offset_grid if self.offset_scale == "train" else grid
+            inputs = log_spaced_offsets(grid, scale, weight.device)
+        else:
+            inputs = log_offsets(offsets_2d(grid, weight.device))
+        return self._bias(self.mlp(inputs.to(weight.dtype)).permute(2, 0, 1))  # [heads, 2H-1, 2W-1]
 
     def pair_bias(self, offsets: torch.Tensor) -> torch.Tensor:
         """The bias at offsets (dy, dx) = query - key [..., 2] in patch units, possibly fractional ->
         [heads, ...] fp32: the MLP at their log-spaced form, as at the offsets of a grid."""
         weight = self.mlp[0].weight
-        return self.max_bias * torch.sigmoid(self.mlp(log_spaced(offsets, self.offset_grid).to(weight.dtype))
-                                             .movedim(-1, 0).float())  # fmt: skip
+        return self._bias(self.mlp(self._inputs(offsets, None).to(weight.dtype)).movedim(-1, 0))
 
     def forward(self, grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
         """-> [heads, HW, HW] fp32."""

@@ -8,6 +8,9 @@
   options, which ``patch`` keeps by default, and the warnings when options or schemes discard it.
 - ``beit.py``: BEiT / BEiT v2 (``Beit``) as a host of its own (``PatchedBeit``): its relative bias (per layer
   or shared) inherited as ``relbias2d`` with BEiT's resize rule, its ``pos_embed`` as ``learned2d``.
+- ``relpos.py``: timm's ``VisionTransformerRelPos`` (``vit_relpos_*``, ``vit_srelpos_*``), a host of its own: its
+  relative bias (``RelPosMlp`` / ``RelPosBias``) inherited as ``cpb2d`` / ``relbias2d``, the context handed to the
+  blocks as their ``shared_rel_pos``.
 - ``attention.py``: ``PatchedAttention``, which adopts a timm attention's weights and applies the
   positions; its ``positioned`` method is the one q/k path that both ``forward`` and the diagnostics use.
 
@@ -21,9 +24,10 @@ runs the suite against any release.
 What the adapter touches in timm, and what for:
 
 - Classes accepted (``isinstance``): ``timm.models.vision_transformer.VisionTransformer`` and
-  ``timm.models.eva.Eva``, ``naflexvit.NaFlexVit``, ``beit.Beit`` (models); ``vision_transformer.Attention``,
-  ``timm.layers.AttentionRope``, ``eva.EvaAttention``, ``beit.Attention`` (attentions replaced). Refused by class
-  name: ``VisionTransformerRelPos``, ``SwinTransformer``, ``SwinTransformerV2``, ``SwinTransformerV2Cr``.
+  ``timm.models.eva.Eva``, ``naflexvit.NaFlexVit``, ``beit.Beit``, ``vision_transformer_relpos.VisionTransformerRelPos``
+  (models); ``vision_transformer.Attention``, ``timm.layers.AttentionRope``, ``eva.EvaAttention``, ``beit.Attention``,
+  ``vision_transformer_relpos.RelPosAttention`` (attentions replaced). Refused by class name: ``SwinTransformer``,
+  ``SwinTransformerV2``, ``SwinTransformerV2Cr``.
 - BEiT (``beit.py``): blocks called as ``block(x, shared_rel_pos_bias=...)`` (the context travels there); read:
   ``blocks[i].attn.relative_position_bias_table`` ([(2H-1)(2W-1) + 3, heads], ``gen_relative_position_index``'s
   layout), ``rel_pos_bias.relative_position_bias_table``, ``pos_embed``, ``cls_token``, ``patch_embed.grid_size``;
@@ -31,6 +35,12 @@ What the adapter touches in timm, and what for:
   ``forward_intermediates``, ``set_input_size``; ``timm.models._features.feature_take_indices`` and
   ``timm.models._input.update_model_input_size`` (private); BEiT's resize rule is timm's
   ``layers.resize_rel_pos_bias_table`` (reproduced in ``vispos.encodings.relbias``).
+- VisionTransformerRelPos (``relpos.py``): blocks called as ``block(x, shared_rel_pos=...)``; read: ``shared_rel_pos``,
+  ``blocks[i].attn.rel_pos`` (``RelPosMlp``: ``mode``, ``pretrained_window_size``, ``bias_gain``, ``mlp.fc1`` /
+  ``fc2`` / ``act`` / ``norm`` / ``drop1``; ``RelPosBias``: ``relative_position_bias_table``), ``cls_token``,
+  ``num_prefix_tokens``; their state-dict keys (``blocks.{i}.attn.rel_pos.mlp.fc1.weight``,
+  ``shared_rel_pos.relative_position_bias_table``...) mapped when a timm checkpoint loads; written:
+  ``shared_rel_pos = None``, ``norm_pre = nn.Identity()``; ``timm.models._features.feature_take_indices``.
 - Methods overridden on the patched subclass: ``_pos_embed`` (private; Eva's returns ``(x, rope)``),
   ``forward_features``, ``forward_intermediates`` (called through ``super()`` with ``attn_mask=``),
   ``no_weight_decay``, ``group_matcher`` (both extend timm's result).

@@ -25,6 +25,7 @@ from timm.models.beit import Beit
 from timm.models.eva import Eva
 from timm.models.naflexvit import NaFlexVit
 from timm.models.vision_transformer import VisionTransformer
+from timm.models.vision_transformer_relpos import VisionTransformerRelPos
 from torch import nn
 
 from .. import host
@@ -36,7 +37,8 @@ from .attention import SUPPORTED_ATTENTION, PatchedAttention
 from .inherit import own_rope
 from .model import PatchedViT, adopt_timm_checkpoint, after_block, patched_class, patched_weights
 
-SUPPORTED_MODELS: tuple[type, ...] = (VisionTransformer, Eva, NaFlexVit, Beit)  # NaFlexVit, Beit: hosts of their own
+# NaFlexVit, Beit and VisionTransformerRelPos: hosts of their own (naflex.py, beit.py, relpos.py)
+SUPPORTED_MODELS: tuple[type, ...] = (VisionTransformer, Eva, NaFlexVit, Beit, VisionTransformerRelPos)
 SUPPORTED = ", ".join(f"timm {c.__name__}" for c in SUPPORTED_MODELS) + " (and subclasses such as DeiT)"
 
 
@@ -45,7 +47,6 @@ SUPPORTED = ", ".join(f"timm {c.__name__}" for c in SUPPORTED_MODELS) + " (and s
 
 # timm families whose attention carries a relative position bias of its own (not replaced by vispos)
 OWN_RELATIVE_BIAS: dict[str, str] = {
-    "VisionTransformerRelPos": "vit_relpos_* / vit_srelpos_*",
     "SwinTransformer": "Swin",
     "SwinTransformerV2": "Swin V2",
     "SwinTransformerV2Cr": "Swin V2 (Cr)",
@@ -106,6 +107,10 @@ def patch(
         from .beit import patch_beit
 
         return patch_beit(model, pos, inherit=inherit, **options)
+    if isinstance(model, VisionTransformerRelPos):  # its own host: the bias inside every attention
+        from .relpos import patch_relpos  # imported here: relpos builds on this module
+
+        return patch_relpos(model, pos, inherit=inherit, **options)
     _check_model(model)
     schemes, per_scheme, kept = plan_schemes(model, pos, options, inherit=inherit, table=model.pos_embed)
     table_prefix = 0 if model.no_embed_class else model.num_prefix_tokens  # prefix rows of timm's table
