@@ -65,7 +65,6 @@ BAD: dict[str, list[object]] = {
     "freqs": CHOICE,
     "preset": CHOICE[:-1],  # None: no preset
     "spacing": CHOICE,
-    "resize": CHOICE,
     "offset_scale": CHOICE,
     "output": CHOICE,
     # flags
