@@ -225,7 +225,7 @@ def test_scaling_refuses_the_families_whose_coordinates_already_adapt(name, mess
 @pytest.mark.parametrize(
     ("name", "family"),
     [("vit_relpos_small_patch16_224", "vit_relpos_"), ("beit_base_patch16_224", "BEiT"),
-     ("swin_tiny_patch4_window7_224", "Swin")],
+     ("swinv2_cr_tiny_ns_224", r"Swin V2 \(Cr\)")],
 )  # fmt: skip
 def test_models_with_their_own_relative_bias_are_refused_by_name(name, family):
     model = timm.create_model(name, pretrained=False, num_classes=0, **({"depth": 1} if "swin" not in name else {}))

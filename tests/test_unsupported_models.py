@@ -8,7 +8,10 @@ import torch
 
 import vispos
 
-EVERY_HOST = r"supports timm VisionTransformer, timm Eva, timm NaFlexVit \(and subclasses such as DeiT\)"
+EVERY_HOST = (
+    r"supports timm VisionTransformer, timm Eva, timm NaFlexVit, timm SwinTransformer, timm SwinTransformerV2 "
+    r"\(and subclasses such as DeiT\)"
+)
 
 
 def test_an_unsupported_class_is_told_every_supported_one() -> None:
@@ -26,3 +29,6 @@ def test_every_model_the_message_names_is_patched() -> None:
     """The names come from the classes patch accepts: a NaFlexVit is patched, not refused."""
     model = timm.create_model("naflexvit_base_patch16_gap", pretrained=False, depth=1, embed_dim=64, num_heads=2)
     assert vispos.patch(model, "rope2d") is model and hasattr(model, "vispos")
+    for name in ("swin_tiny_patch4_window7_224", "swinv2_tiny_window8_256"):
+        model = timm.create_model(name, pretrained=False, depths=(1,), num_heads=(2,), embed_dim=32, img_size=64)
+        assert vispos.patch(model, "rope2d", inherit=False) is model and hasattr(model, "vispos")

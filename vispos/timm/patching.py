@@ -23,6 +23,8 @@ from timm.layers import Format
 from timm.models import load_pretrained
 from timm.models.eva import Eva
 from timm.models.naflexvit import NaFlexVit
+from timm.models.swin_transformer import SwinTransformer
+from timm.models.swin_transformer_v2 import SwinTransformerV2
 from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
@@ -34,8 +36,10 @@ from ..registry import SchemeInfo
 from .attention import SUPPORTED_ATTENTION, PatchedAttention
 from .inherit import own_rope
 from .model import PatchedViT, adopt_timm_checkpoint, after_block, patched_class, patched_weights
+from .swin import patch_swin
 
-SUPPORTED_MODELS: tuple[type, ...] = (VisionTransformer, Eva, NaFlexVit)  # NaFlexVit: its own host (naflex.py)
+# NaFlexVit, SwinTransformer, SwinTransformerV2: hosts of their own (naflex.py, swin.py)
+SUPPORTED_MODELS: tuple[type, ...] = (VisionTransformer, Eva, NaFlexVit, SwinTransformer, SwinTransformerV2)
 SUPPORTED = ", ".join(f"timm {c.__name__}" for c in SUPPORTED_MODELS) + " (and subclasses such as DeiT)"
 
 
@@ -46,8 +50,6 @@ SUPPORTED = ", ".join(f"timm {c.__name__}" for c in SUPPORTED_MODELS) + " (and s
 OWN_RELATIVE_BIAS: dict[str, str] = {
     "VisionTransformerRelPos": "vit_relpos_* / vit_srelpos_*",
     "Beit": "BEiT",
-    "SwinTransformer": "Swin",
-    "SwinTransformerV2": "Swin V2",
     "SwinTransformerV2Cr": "Swin V2 (Cr)",
 }
 
@@ -102,6 +104,8 @@ def patch(
         from .naflex import patch_naflex  # imported here: naflex builds on this module
 
         return patch_naflex(model, pos, inherit=inherit, **options)
+    if isinstance(model, (SwinTransformer, SwinTransformerV2)):  # windowed attention: its own host
+        return patch_swin(model, pos, inherit=inherit, **options)
     _check_model(model)
     schemes, per_scheme, kept = plan_schemes(model, pos, options, inherit=inherit, table=model.pos_embed)
     table_prefix = 0 if model.no_embed_class else model.num_prefix_tokens  # prefix rows of timm's table
