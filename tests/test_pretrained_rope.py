@@ -232,7 +232,7 @@ def test_scaling_an_inherited_dinov3_acts_in_its_training_frame():
 
 @pytest.mark.parametrize(
     ("name", "family"),
-    [("swin_tiny_patch4_window7_224", "Swin")],
+    [("swinv2_cr_tiny_ns_224", r"Swin V2 \(Cr\)")],
 )  # fmt: skip
 def test_models_with_their_own_relative_bias_are_refused_by_name(name, family):
     model = timm.create_model(name, pretrained=False, num_classes=0, **({"depth": 1} if "swin" not in name else {}))

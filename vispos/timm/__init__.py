@@ -11,6 +11,10 @@
 - ``relpos.py``: timm's ``VisionTransformerRelPos`` (``vit_relpos_*``, ``vit_srelpos_*``), a host of its own: its
   relative bias (``RelPosMlp`` / ``RelPosBias``) inherited as ``cpb2d`` / ``relbias2d``, the context handed to the
   blocks as their ``shared_rel_pos``.
+- ``swin.py`` and ``window.py``: Swin and Swin V2 (``SwinTransformer``, ``SwinTransformerV2``), hosts of their own
+  (``SwinPositions``: additive schemes at the patch embedding, attention schemes per stage on window-local
+  coordinates, shared by the windows and blocks of a stage, the shifted-window mask kept); Swin's tables inherited
+  as ``relbias2d``, Swin V2's ``cpb_mlp`` as ``cpb2d``.
 - ``attention.py``: ``PatchedAttention``, which adopts a timm attention's weights and applies the
   positions; its ``positioned`` method is the one q/k path that both ``forward`` and the diagnostics use.
 
@@ -23,11 +27,13 @@ runs the suite against any release.
 
 What the adapter touches in timm, and what for:
 
-- Classes accepted (``isinstance``): ``timm.models.vision_transformer.VisionTransformer`` and
-  ``timm.models.eva.Eva``, ``naflexvit.NaFlexVit``, ``beit.Beit``, ``vision_transformer_relpos.VisionTransformerRelPos``
-  (models); ``vision_transformer.Attention``, ``timm.layers.AttentionRope``, ``eva.EvaAttention``, ``beit.Attention``,
-  ``vision_transformer_relpos.RelPosAttention`` (attentions replaced). Refused by class name: ``SwinTransformer``,
-  ``SwinTransformerV2``, ``SwinTransformerV2Cr``.
+- Classes accepted (``isinstance``): ``timm.models.vision_transformer.VisionTransformer``,
+  ``timm.models.eva.Eva``, ``naflexvit.NaFlexVit``, ``beit.Beit``,
+  ``vision_transformer_relpos.VisionTransformerRelPos``, ``swin_transformer.SwinTransformer``,
+  ``swin_transformer_v2.SwinTransformerV2`` (models);
+  ``vision_transformer.Attention``, ``timm.layers.AttentionRope``, ``eva.EvaAttention``, ``beit.Attention``,
+  ``vision_transformer_relpos.RelPosAttention``, Swin's and Swin V2's ``WindowAttention`` (attentions replaced).
+  Refused by class name: ``SwinTransformerV2Cr``.
 - BEiT (``beit.py``): blocks called as ``block(x, shared_rel_pos_bias=...)`` (the context travels there); read:
   ``blocks[i].attn.relative_position_bias_table`` ([(2H-1)(2W-1) + 3, heads], ``gen_relative_position_index``'s
   layout), ``rel_pos_bias.relative_position_bias_table``, ``pos_embed``, ``cls_token``, ``patch_embed.grid_size``;

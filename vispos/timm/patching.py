@@ -24,6 +24,8 @@ from timm.models import load_pretrained
 from timm.models.beit import Beit
 from timm.models.eva import Eva
 from timm.models.naflexvit import NaFlexVit
+from timm.models.swin_transformer import SwinTransformer
+from timm.models.swin_transformer_v2 import SwinTransformerV2
 from timm.models.vision_transformer import VisionTransformer
 from timm.models.vision_transformer_relpos import VisionTransformerRelPos
 from torch import nn
@@ -36,9 +38,13 @@ from ..registry import SchemeInfo
 from .attention import SUPPORTED_ATTENTION, PatchedAttention
 from .inherit import own_rope
 from .model import PatchedViT, adopt_timm_checkpoint, after_block, patched_class, patched_weights
+from .swin import patch_swin
 
-# NaFlexVit, Beit and VisionTransformerRelPos: hosts of their own (naflex.py, beit.py, relpos.py)
-SUPPORTED_MODELS: tuple[type, ...] = (VisionTransformer, Eva, NaFlexVit, Beit, VisionTransformerRelPos)
+# NaFlexVit, Beit, VisionTransformerRelPos, SwinTransformer(V2): hosts of their own (naflex.py, beit.py, relpos.py,
+# swin.py)
+SUPPORTED_MODELS: tuple[type, ...] = (
+    VisionTransformer, Eva, NaFlexVit, Beit, VisionTransformerRelPos, SwinTransformer, SwinTransformerV2,
+)  # fmt: skip
 SUPPORTED = ", ".join(f"timm {c.__name__}" for c in SUPPORTED_MODELS) + " (and subclasses such as DeiT)"
 
 
@@ -47,8 +53,6 @@ SUPPORTED = ", ".join(f"timm {c.__name__}" for c in SUPPORTED_MODELS) + " (and s
 
 # timm families whose attention carries a relative position bias of its own (not replaced by vispos)
 OWN_RELATIVE_BIAS: dict[str, str] = {
-    "SwinTransformer": "Swin",
-    "SwinTransformerV2": "Swin V2",
     "SwinTransformerV2Cr": "Swin V2 (Cr)",
 }
 
@@ -111,6 +115,8 @@ def patch(
         from .relpos import patch_relpos  # imported here: relpos builds on this module
 
         return patch_relpos(model, pos, inherit=inherit, **options)
+    if isinstance(model, (SwinTransformer, SwinTransformerV2)):  # windowed attention: its own host
+        return patch_swin(model, pos, inherit=inherit, **options)
     _check_model(model)
     schemes, per_scheme, kept = plan_schemes(model, pos, options, inherit=inherit, table=model.pos_embed)
     table_prefix = 0 if model.no_embed_class else model.num_prefix_tokens  # prefix rows of timm's table
