@@ -1,7 +1,9 @@
 """The timm adapter: the only part of vispos that knows timm.
 
-- ``patching.py``: ``patch`` / ``create_model``: which timm model families are accepted, and how their
-  prefix tokens, grids and own tables flow into ``vispos.positions.Positions``.
+- ``patching.py``: ``patch`` / ``create_model``: which timm model families are accepted, and the host each
+  goes to (the modules below import ``vit.py``, never ``patching.py``).
+- ``vit.py``: ``VisionTransformer`` and ``Eva``, and the steps every host shares: how a model's prefix tokens,
+  grids and own tables flow into ``vispos.positions.Positions``, and its attentions are replaced.
 - ``model.py``: ``PatchedViT``, the class a patched model takes (its ``_pos_embed``, ``forward_features``
   and ``forward_intermediates``), made once per timm class and found again by pickle.
 - ``inherit.py``: a timm model's own RoPE (RoPE-ViT, EVA-02, DINOv3, PE) as ``rope2d`` / ``rope2d_mixed``

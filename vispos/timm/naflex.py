@@ -43,7 +43,7 @@ from .._validate import check_bool
 from .attention import SUPPORTED_ATTENTION
 from .inherit import warn
 from .model import PositionsHost, adopt_timm_checkpoint
-from .patching import build_positions, patch_attention, plan_schemes
+from .vit import build_positions, patch_attention, plan_schemes
 
 
 class PatchedNaFlexVit(PositionsHost, NaFlexVit):

@@ -1,6 +1,9 @@
 """``vispos.patch(model, "rope2d")``: swap the positional scheme of a timm ViT.
 
-What changes on the one model it is given (never on timm's classes):
+``patch`` checks the model and hands it to its host: ``vit.py`` (``VisionTransformer``, ``Eva``), ``naflex.py``,
+``beit.py``, ``relpos.py`` or ``swin.py``; ``create_model`` builds and patches, loading a patched model's weights.
+
+What changes for a ``VisionTransformer`` / ``Eva`` on the one model it is given (never on timm's classes):
 
 - ``model.vispos`` (a ``Positions`` module) holds the scheme's modules and builds, once per forward
   and from the actual token grid, a ``PositionContext``: RoPE angles and attention biases per layer.
@@ -18,8 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import timm
-import torch
-from timm.layers import Format
 from timm.models import load_pretrained
 from timm.models.beit import Beit
 from timm.models.eva import Eva
@@ -30,15 +31,14 @@ from timm.models.vision_transformer import VisionTransformer
 from timm.models.vision_transformer_relpos import VisionTransformerRelPos
 from torch import nn
 
-from .. import host
 from .._validate import check_bool
-from ..host import HostShape, OwnRope
-from ..positions import Positions
-from ..registry import SchemeInfo
-from .attention import SUPPORTED_ATTENTION, PatchedAttention
-from .inherit import own_rope
-from .model import PatchedViT, adopt_timm_checkpoint, after_block, patched_class, patched_weights
+from .attention import SUPPORTED_ATTENTION
+from .beit import patch_beit
+from .model import PatchedViT, patched_weights
+from .naflex import patch_naflex
+from .relpos import patch_relpos
 from .swin import patch_swin
+from .vit import patch_vit
 
 # NaFlexVit, Beit, VisionTransformerRelPos, SwinTransformer(V2): hosts of their own (naflex.py, beit.py, relpos.py,
 # swin.py)
@@ -104,75 +104,15 @@ def patch(
     """
     check_bool("inherit", inherit)
     if isinstance(model, NaFlexVit):  # its own host: positions from patch_coord / patch_valid
-        from .naflex import patch_naflex  # imported here: naflex builds on this module
-
         return patch_naflex(model, pos, inherit=inherit, **options)
     if isinstance(model, Beit):  # its own host: a relative bias of its own, blocks that take shared_rel_pos_bias
-        from .beit import patch_beit
-
         return patch_beit(model, pos, inherit=inherit, **options)
     if isinstance(model, VisionTransformerRelPos):  # its own host: the bias inside every attention
-        from .relpos import patch_relpos  # imported here: relpos builds on this module
-
         return patch_relpos(model, pos, inherit=inherit, **options)
     if isinstance(model, (SwinTransformer, SwinTransformerV2)):  # windowed attention: its own host
         return patch_swin(model, pos, inherit=inherit, **options)
     _check_model(model)
-    schemes, per_scheme, kept = plan_schemes(model, pos, options, inherit=inherit, table=model.pos_embed)
-    table_prefix = 0 if model.no_embed_class else model.num_prefix_tokens  # prefix rows of timm's table
-    model.vispos = build_positions(
-        model, schemes, per_scheme, tuple(model.patch_embed.grid_size), table_prefix, kept, table=model.pos_embed
-    )
-    model.vispos.train(model.training)  # a model patched in eval mode stays in it (no coordinate augmentation)
-    model.pos_embed = None
-    if isinstance(model, Eva):
-        model.rope, model.rope_mixed = None, False
-    patch_attention(model)
-    pe = model.patch_embed
-    pe.flatten, pe.output_fmt, pe.strict_img_size = False, Format.NHWC, False  # dynamic_img_pad stays as it was
-    model.dynamic_img_size = True
-    model.__class__ = patched_class(type(model))
-    model.register_load_state_dict_pre_hook(adopt_timm_checkpoint)
-    return model
-
-
-def plan_schemes(
-    model: nn.Module,
-    pos: str | list[str] | tuple[str, ...],
-    options: dict[str, Any],
-    *,
-    inherit: bool,
-    table: torch.Tensor | None,
-) -> tuple[tuple[SchemeInfo | None, SchemeInfo | None, SchemeInfo | None], dict[str, dict[str, Any]], OwnRope | None]:
-    """``vispos.host.plan_schemes`` for a timm model: its own RoPE (with ``inherit``) and learned ``table``."""
-    own = own_rope(model) if inherit else None
-    return host.plan_schemes(pos, options, own=own, has_table=table is not None)
-
-
-def build_positions(
-    model: nn.Module,
-    schemes: tuple[SchemeInfo | None, SchemeInfo | None, SchemeInfo | None],
-    per_scheme: dict[str, dict[str, Any]],
-    grid: tuple[int, int],
-    table_prefix: int,
-    kept: OwnRope | None = None,
-    *,
-    table: torch.Tensor | None = None,
-) -> Positions:
-    """``vispos.host.build_positions`` for a timm model's widths, heads, depth and prefix tokens."""
-    attn0 = model.blocks[0].attn
-    shape = HostShape(model.embed_dim, attn0.num_heads, attn0.head_dim, len(model.blocks), model.num_prefix_tokens)
-    return host.build_positions(shape, schemes, per_scheme, grid, table_prefix, kept, table=table)
-
-
-def patch_attention(model: nn.Module) -> None:
-    """Each block's attention becomes a ``PatchedAttention`` reading ``model.vispos``'s context; a
-    conditional scheme is hooked to the output of the block it follows (every call with the context)."""
-    for i, blk in enumerate(model.blocks):
-        blk.attn = PatchedAttention(blk.attn, layer_idx=i)
-    conditional = model.vispos.conditional
-    if conditional is not None:
-        model.blocks[conditional.after].register_forward_hook(after_block, with_kwargs=True)
+    return patch_vit(model, pos, inherit=inherit, **options)
 
 
 def create_model(

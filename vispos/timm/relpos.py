@@ -47,7 +47,7 @@ from ..positions import PositionContext
 from ..registry import SchemeInfo, split_options
 from .attention import PatchedAttention, positioned_attention
 from .model import PatchedViT, adopt_timm_checkpoint, conditional_tokens, embed_tokens, position_context, token_grid
-from .patching import build_positions
+from .vit import build_positions
 
 # torch.fx leaves (as in model.py and attention.py): fx.wrap patches the names of the module that calls it
 torch.fx.wrap("token_grid")
