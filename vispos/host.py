@@ -23,6 +23,9 @@ from .positions import Positions
 from .registry import SchemeInfo, build_in_context, get_info, list_encodings, split_options
 
 
+ATTENTION_KINDS: tuple[str, ...] = ("rotary", "bias", "query_bias")  # the kinds applied inside attention
+
+
 class PretrainedPositionsWarning(UserWarning):
     """Patching discards or overrides positions a pretrained model's weights were trained with."""
 
@@ -100,13 +103,13 @@ def resolve_schemes(
         raise TypeError(f"pos must be a scheme name or a list of names, got {pos!r}")
     infos = [get_info(n, ndim=2) for n in names]
     additive = [i for i in infos if i.kind == "additive"]
-    attention = [i for i in infos if i.kind in ("rotary", "bias")]
+    attention = [i for i in infos if i.kind in ATTENTION_KINDS]
     conditional = [i for i in infos if i.kind == "conditional"]
     if len(additive) > 1 or len(attention) > 1 or len(conditional) > 1:
         raise ValueError(
             f"combine at most one additive scheme, one attention scheme and one conditional scheme, got {names}; "
             f"additive: {', '.join(list_encodings(2, kind='additive'))}; "
-            f"attention: {', '.join(list_encodings(2, kind=('rotary', 'bias')))}; "
+            f"attention: {', '.join(list_encodings(2, kind=ATTENTION_KINDS))}; "
             f"conditional: {', '.join(list_encodings(2, kind='conditional'))}"
         )
     return tuple(group[0] if group else None for group in (additive, attention, conditional))
