@@ -115,9 +115,16 @@ def resolve_schemes(
     return tuple(group[0] if group else None for group in (additive, attention, conditional))
 
 
-def _build(info: SchemeInfo, context: dict[str, Any], options: dict[str, Any], copies: int) -> nn.Module:
+def _build(
+    info: SchemeInfo,
+    context: dict[str, Any],
+    options: dict[str, Any],
+    copies: int,
+    layer_grids: list[tuple[int, int]] | None = None,
+) -> nn.Module:
     if info.builds_per_layer(options):
-        return nn.ModuleList(build_in_context(info, context, options) for _ in range(copies))
+        grids = layer_grids or [context["train_grid"]] * copies
+        return nn.ModuleList(build_in_context(info, context | {"train_grid": g}, options) for g in grids)
     return build_in_context(info, context, options)
 
 
@@ -152,11 +159,13 @@ def build_positions(
     kept: OwnRope | None = None,
     *,
     table: torch.Tensor | None = None,
+    layer_grids: list[tuple[int, int]] | None = None,
 ) -> Positions:
     """The ``Positions`` of a host model: its (additive, attention, conditional) schemes built for the
     model's widths, heads, depth (``shape``) and training ``grid``; ``table_prefix``: the prefix rows of an additive
     table. A learned table starts from the model's own ``table`` where it fits; ``kept``: the model's
-    own RoPE whose learned frequencies are adopted."""
+    own RoPE whose learned frequencies are adopted. ``layer_grids``: the grid each layer attends over, where
+    it is not ``grid`` (SAM's window blocks), for the training grid of a per-layer attention scheme."""
     additive, attention, conditional = schemes
     grid = check_grid(grid)
     depth = shape.depth
@@ -170,7 +179,7 @@ def build_positions(
             adopt(table)
     if attention is not None:
         att_context = context | {"dim": shape.head_dim, "num_prefix_tokens": shape.num_prefix_tokens}
-        att_module = _build(attention, att_context, per_scheme[attention.name], depth)
+        att_module = _build(attention, att_context, per_scheme[attention.name], depth, layer_grids)
         if kept is not None and kept.freqs is not None:
             adopt_freqs(att_module, kept)
     if conditional is not None:

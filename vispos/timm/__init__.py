@@ -8,6 +8,9 @@
   options, which ``patch`` keeps by default, and the warnings when options or schemes discard it.
 - ``beit.py``: BEiT / BEiT v2 (``Beit``) as a host of its own (``PatchedBeit``): its relative bias (per layer
   or shared) inherited as ``relbias2d`` with BEiT's resize rule, its ``pos_embed`` as ``learned2d``.
+- ``sam.py``: the SAM image encoder (``VisionTransformerSAM``) as a host of its own (``PatchedSam``): NHWC
+  windowed and global blocks, its per-block decomposed tables inherited as ``decomposed2d``, ``pos_embed`` as
+  ``learned2d``.
 - ``attention.py``: ``PatchedAttention``, which adopts a timm attention's weights and applies the
   positions; its ``positioned`` method is the one q/k path that both ``forward`` and the diagnostics use.
 
@@ -31,6 +34,12 @@ What the adapter touches in timm, and what for:
   ``forward_intermediates``, ``set_input_size``; ``timm.models._features.feature_take_indices`` and
   ``timm.models._input.update_model_input_size`` (private); BEiT's resize rule is timm's
   ``layers.resize_rel_pos_bias_table`` (reproduced in ``vispos.encodings.relbias``).
+- SAM (``sam.py``): ``vision_transformer_sam.Attention``, ``Block`` (its class swapped for a subclass whose
+  forward takes the positions; ``window_size``, ``norm1``, ``ls1``/``ls2``, ``drop_path1``/``drop_path2``,
+  ``norm2``, ``mlp``) and ``window_partition`` / ``window_unpartition``; read: ``attn.use_rel_pos``,
+  ``attn.rel_pos_h`` / ``rel_pos_w``, ``pos_embed`` [1, H, W, C], ``rope_global``, ``patch_embed.grid_size``,
+  ``pos_drop``, ``patch_drop``, ``norm_pre``, ``neck``; written: ``pos_embed``, ``rope_global``, ``rope_window``
+  = None; overridden: ``forward_features``, ``forward_intermediates``.
 - Methods overridden on the patched subclass: ``_pos_embed`` (private; Eva's returns ``(x, rope)``),
   ``forward_features``, ``forward_intermediates`` (called through ``super()`` with ``attn_mask=``),
   ``no_weight_decay``, ``group_matcher`` (both extend timm's result).

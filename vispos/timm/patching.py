@@ -25,6 +25,7 @@ from timm.models.beit import Beit
 from timm.models.eva import Eva
 from timm.models.naflexvit import NaFlexVit
 from timm.models.vision_transformer import VisionTransformer
+from timm.models.vision_transformer_sam import VisionTransformerSAM
 from torch import nn
 
 from .. import host
@@ -36,7 +37,7 @@ from .attention import SUPPORTED_ATTENTION, PatchedAttention
 from .inherit import own_rope
 from .model import PatchedViT, adopt_timm_checkpoint, after_block, patched_class, patched_weights
 
-SUPPORTED_MODELS: tuple[type, ...] = (VisionTransformer, Eva, NaFlexVit, Beit)  # NaFlexVit, Beit: hosts of their own
+SUPPORTED_MODELS: tuple[type, ...] = (VisionTransformer, Eva, NaFlexVit, Beit, VisionTransformerSAM)  # hosts of their own: NaFlexVit, Beit, SAM
 SUPPORTED = ", ".join(f"timm {c.__name__}" for c in SUPPORTED_MODELS) + " (and subclasses such as DeiT)"
 
 
@@ -106,6 +107,10 @@ def patch(
         from .beit import patch_beit
 
         return patch_beit(model, pos, inherit=inherit, **options)
+    if isinstance(model, VisionTransformerSAM):  # its own host: NHWC windows, per-block decomposed relative tables
+        from .sam import patch_sam
+
+        return patch_sam(model, pos, inherit=inherit, **options)
     _check_model(model)
     schemes, per_scheme, kept = plan_schemes(model, pos, options, inherit=inherit, table=model.pos_embed)
     table_prefix = 0 if model.no_embed_class else model.num_prefix_tokens  # prefix rows of timm's table
