@@ -95,9 +95,9 @@ def test_window_blocks_attend_at_window_local_positions_built_once_per_forward(m
                                              ("cpb2d", {"inherit": False})], ids=["decomposed2d", "rope2d", "cpb2d"])
 def test_a_window_block_sees_each_window_as_a_grid_of_its_own(pos: str, options: dict) -> None:
     """Window-local coordinates: on a 6x6 grid of four 3x3 windows, the window block's output on each window equals
-    its output on that window alone (a 3x3 grid, where window and grid coincide). Positions at the cells of the
-    6x6 grid would differ: decomposed2d's window tables read at the grid's offsets (resized), normalised
-    coordinates spanning the grid, cpb2d's offsets scaled for the grid."""
+    its output on that window alone (a 3x3 grid, where window and grid coincide). Positions at the window's cells
+    of the 6x6 grid would differ: decomposed2d's window tables resized to the grid, normalised coordinates
+    spanning the grid (cpb2d, normalised by its training grid, agrees either way)."""
     model = patched(sam(), pos, **options)
     with torch.no_grad():
         for p in model.vispos.parameters():

@@ -8,7 +8,10 @@ import torch
 
 import vispos
 
-EVERY_HOST = r"supports timm VisionTransformer, timm Eva, timm NaFlexVit, timm Beit \(and subclasses such as DeiT\)"
+EVERY_HOST = (
+    r"supports timm VisionTransformer, timm Eva, timm NaFlexVit, timm Beit, timm VisionTransformerSAM "
+    r"\(and subclasses such as DeiT\)"
+)
 
 
 def test_an_unsupported_class_is_told_every_supported_one() -> None:
@@ -24,7 +27,7 @@ def test_a_model_with_its_own_relative_bias_is_told_every_supported_one() -> Non
 
 
 def test_every_model_the_message_names_is_patched() -> None:
-    """The names come from the classes patch accepts: a NaFlexVit and a BEiT are patched, not refused."""
-    for name in ("naflexvit_base_patch16_gap", "beit_base_patch16_224"):
+    """The names come from the classes patch accepts: a NaFlexVit, a BEiT and a SAM are patched, not refused."""
+    for name in ("naflexvit_base_patch16_gap", "beit_base_patch16_224", "samvit_base_patch16_224"):
         model = timm.create_model(name, pretrained=False, depth=1, embed_dim=64, num_heads=2)
         assert vispos.patch(model, "relbias2d") is model and hasattr(model, "vispos")
