@@ -164,6 +164,11 @@ def test_2d_bf16_module_agrees_with_fp32(name: str) -> None:
         eq, ek = ref.rotate(q.float(), k.float())
         torch.testing.assert_close(rq.float(), eq, atol=3e-2, rtol=2e-2)
         torch.testing.assert_close(rk.float(), ek, atol=3e-2, rtol=2e-2)
+    elif info.kind == "query_bias":  # the bias at bf16 queries, in bf16
+        q = qk(n, torch.bfloat16)[0]
+        got = out.logits(q)
+        assert got.dtype == torch.bfloat16
+        torch.testing.assert_close(got.float(), ref.logits(q.float()), atol=1e-2, rtol=2e-2)
     else:
         tol = 0.1 if name == "cpb2d" else 1e-2  # 16 * sigmoid of a bf16 MLP
         torch.testing.assert_close(out.float(), ref, atol=tol, rtol=2e-2)

@@ -30,4 +30,4 @@ def test_every_model_the_message_names_is_patched() -> None:
     """The names come from the classes patch accepts: a NaFlexVit, a BEiT and a SAM are patched, not refused."""
     for name in ("naflexvit_base_patch16_gap", "beit_base_patch16_224", "samvit_base_patch16_224"):
         model = timm.create_model(name, pretrained=False, depth=1, embed_dim=64, num_heads=2)
-        assert vispos.patch(model, "relbias2d") is model and hasattr(model, "vispos")
+        assert vispos.patch(model, "relbias2d", inherit=False) is model and hasattr(model, "vispos")
