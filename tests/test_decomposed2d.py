@@ -134,3 +134,14 @@ def test_decomposed2d_starts_at_zero_as_sam_and_validates_options() -> None:
         vispos.create_encoding("decomposed2d", dim=HEAD_DIM, per_head=True)
     info = vispos.get_info("decomposed2d")
     assert info.kind == "query_bias" and info.relative and info.per_layer and info.trainable
+
+
+def test_decomposed2d_in_a_ragged_batch_is_refused_by_name() -> None:
+    """A ragged or packed batch (several grid sizes in one call) is refused with what to do instead."""
+    from timm.models.vision_transformer import VisionTransformer
+
+    model = vispos.patch(VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2), "decomposed2d")
+    ys, xs = torch.meshgrid(torch.arange(3), torch.arange(4), indexing="ij")
+    coords = torch.stack((ys.flatten(), xs.flatten()), -1)[None].expand(2, -1, -1)  # [2, 12, 2]
+    with pytest.raises(ValueError, match="ragged and packed batches are not supported"):
+        model.vispos.ragged_context(coords, torch.tensor([[3, 4], [3, 4]]))

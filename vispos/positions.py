@@ -326,11 +326,6 @@ class Positions(nn.Module):
         T, d] from one table of every size's rows, bias masks [B, heads, T, T] from one table of every size's
         per-offset values (``ctx.bias_index``)."""
         layout, p = ctx.ragged, self.num_prefix_tokens
-        if self.attention_kind == "query_bias":
-            raise ValueError(
-                f"{self.settings['pos']}: a query-dependent bias (decomposed2d) is built for one grid; ragged and "
-                "packed batches are not supported: run each image size as a batch of its own"
-            )
         if layout.fractional:  # at each token's point (``RaggedLayout.points``), not at every cell
             if self.attention_kind == "rotary":
                 rows = [
@@ -426,6 +421,11 @@ class Positions(nn.Module):
         mean of its cells): every scheme defined between grid cells is evaluated at each token's point
         (``ragged_layout``); relbias2d's integer table and peg2d's convolution refuse fractional points.
         DINOv3's coordinate augmentation (training mode) is drawn per image."""
+        if self.attention_kind == "query_bias":
+            raise ValueError(
+                f"{self.settings['pos']}: a query-dependent bias (decomposed2d) is built for one grid; ragged and "
+                "packed batches are not supported: run each image size as a batch of its own"
+            )
         layout = ragged_layout(coords, sizes, valid=valid, segments=segments, num_prefix_tokens=self.num_prefix_tokens,
                                per_image=self._draws_per_forward())  # fmt: skip
         if layout.fractional and (needs := self._needs_cells()) is not None:

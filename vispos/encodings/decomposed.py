@@ -21,13 +21,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._validate import check_float, check_grid, check_int
+from .._validate import check_float, check_grid, check_int, same_size
 from ..registry import register
 
 
 def resize_rel_table(table: torch.Tensor, length: int) -> torch.Tensor:
-    """[L, d] -> [length, d]: linear interpolation along the offsets (the table as it is when L == length)."""
-    if table.shape[0] == length:
+    """[L, d] -> [length, d]: linear interpolation along the offsets (the table as it is when L == length; in
+    an exported program, whose sizes are unknown when it is traced, interpolated to its own size: the same)."""
+    if same_size((table.shape[0],), (length,)):
         return table
     out = F.interpolate(table.T[None].float(), size=length, mode="linear")  # [1, d, length]
     return out[0].T.to(table.dtype)
@@ -42,6 +43,14 @@ def relative_rows(table: torch.Tensor, q_size: int, k_size: int) -> torch.Tensor
     k_coords = torch.arange(k_size, device=table.device, dtype=torch.float32)[None, :] * k_stretch  # [1, k]
     offsets = q_coords - k_coords + (k_size - 1) * k_stretch  # [q, k], >= 0: the table's index
     return table[offsets.long()]
+
+
+def self_relative_rows(table: torch.Tensor, size: int) -> torch.Tensor:
+    """``relative_rows(table, size, size)``, self-attention's case: integer offsets, no stretch, no size compared
+    (so that an exported program keeps the size symbolic). [size, size, d]."""
+    table = resize_rel_table(table, 2 * size - 1)
+    coords = torch.arange(size, device=table.device)
+    return table[coords[:, None] - coords[None, :] + size - 1]
 
 
 def decomposed_bias(q: torch.Tensor, rows_h: torch.Tensor, rows_w: torch.Tensor) -> torch.Tensor:
@@ -141,4 +150,4 @@ class Decomposed2d(nn.Module):
     def forward(self, grid: tuple[int, int], device: torch.device | None = None) -> QueryBias:
         """-> a ``QueryBias`` at ``grid`` (self-attention: queries and keys on the same grid)."""
         h, w = check_grid(grid)
-        return QueryBias(relative_rows(self.rel_pos_h, h, h), relative_rows(self.rel_pos_w, w, w))
+        return QueryBias(self_relative_rows(self.rel_pos_h, h), self_relative_rows(self.rel_pos_w, w))
