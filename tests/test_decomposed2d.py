@@ -44,8 +44,13 @@ def test_decomposed2d_equals_the_formula(grid: tuple[int, int]) -> None:
     torch.testing.assert_close(got, reference(q, module.rel_pos_h, module.rel_pos_w, grid), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize(("train_grid", "grid"), [((4, 4), (4, 4)), ((3, 5), (3, 5)), ((4, 4), (6, 5)), ((5, 3), (2, 2))])
-def test_decomposed2d_equals_timm_get_decomposed_rel_pos_bias(train_grid: tuple[int, int], grid: tuple[int, int]) -> None:
+GRIDS = [((4, 4), (4, 4)), ((3, 5), (3, 5)), ((4, 4), (6, 5)), ((5, 3), (2, 2))]
+
+
+@pytest.mark.parametrize(("train_grid", "grid"), GRIDS)
+def test_decomposed2d_equals_timm_get_decomposed_rel_pos_bias(
+    train_grid: tuple[int, int], grid: tuple[int, int]
+) -> None:
     """timm's SAM function on random q and tables, at the training grid and (resized) at others."""
     module = scheme(train_grid, seed=1)
     q = torch.randn(3, HEADS, grid[0] * grid[1], HEAD_DIM)
@@ -140,7 +145,8 @@ def test_decomposed2d_in_a_ragged_batch_is_refused_by_name() -> None:
     """A ragged or packed batch (several grid sizes in one call) is refused with what to do instead."""
     from timm.models.vision_transformer import VisionTransformer
 
-    model = vispos.patch(VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2), "decomposed2d")
+    vit = VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2)
+    model = vispos.patch(vit, "decomposed2d")
     ys, xs = torch.meshgrid(torch.arange(3), torch.arange(4), indexing="ij")
     coords = torch.stack((ys.flatten(), xs.flatten()), -1)[None].expand(2, -1, -1)  # [2, 12, 2]
     with pytest.raises(ValueError, match="ragged and packed batches are not supported"):

@@ -82,7 +82,12 @@ def test_window_blocks_attend_at_window_local_positions_built_once_per_forward(m
     monkeypatch.setattr(PatchedSamAttention, "forward", spy)
     built = []
     context = type(model.vispos).context
-    monkeypatch.setattr(type(model.vispos), "context", lambda self, *a, **k: built.append(a[0]) or context(self, *a, **k))
+
+    def counted(self, *args, **kwargs):
+        built.append(args[0])
+        return context(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(model.vispos), "context", counted)
     with torch.no_grad():
         model(torch.randn(2, 3, 80, 56))  # a 10x7 grid: 4x3 windows of 3x3 after padding
     assert [seen[i][0] for i in range(4)] == [(WINDOW, WINDOW), (10, 7), (WINDOW, WINDOW), (10, 7)]
@@ -91,8 +96,14 @@ def test_window_blocks_attend_at_window_local_positions_built_once_per_forward(m
     assert sorted(built) == [(WINDOW, WINDOW), (10, 7)]
 
 
-@pytest.mark.parametrize(("pos", "options"), [("decomposed2d", {}), ("rope2d", {"coords": "normalized", "inherit": False}),
-                                             ("cpb2d", {"inherit": False})], ids=["decomposed2d", "rope2d", "cpb2d"])
+WINDOW_CASES = [
+    ("decomposed2d", {}),
+    ("rope2d", {"coords": "normalized", "inherit": False}),
+    ("cpb2d", {"inherit": False}),
+]
+
+
+@pytest.mark.parametrize(("pos", "options"), WINDOW_CASES, ids=["decomposed2d", "rope2d", "cpb2d"])
 def test_a_window_block_sees_each_window_as_a_grid_of_its_own(pos: str, options: dict) -> None:
     """Window-local coordinates: on a 6x6 grid of four 3x3 windows, the window block's output on each window equals
     its output on that window alone (a 3x3 grid, where window and grid coincide). Positions at the window's cells
@@ -191,7 +202,8 @@ def test_forward_intermediates_are_timms() -> None:
     model = patched(original)
     x = torch.randn(2, 3, 64, 64)
     with torch.no_grad():
-        for kwargs in ({}, {"indices": [0, 2], "norm": True}, {"indices": 2, "stop_early": True, "intermediates_only": True}):
+        cases = ({}, {"indices": [0, 2], "norm": True}, {"indices": 2, "stop_early": True, "intermediates_only": True})
+        for kwargs in cases:
             expected = original.forward_intermediates(x, **kwargs)
             torch.testing.assert_close(model.forward_intermediates(x, **kwargs), expected, rtol=0, atol=1e-5)
 

@@ -22,7 +22,6 @@ from ._validate import check_grid
 from .positions import Positions
 from .registry import SchemeInfo, build_in_context, get_info, list_encodings, split_options
 
-
 ATTENTION_KINDS: tuple[str, ...] = ("rotary", "bias", "query_bias")  # the kinds applied inside attention
 
 

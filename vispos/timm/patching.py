@@ -37,7 +37,8 @@ from .attention import SUPPORTED_ATTENTION, PatchedAttention
 from .inherit import own_rope
 from .model import PatchedViT, adopt_timm_checkpoint, after_block, patched_class, patched_weights
 
-SUPPORTED_MODELS: tuple[type, ...] = (VisionTransformer, Eva, NaFlexVit, Beit, VisionTransformerSAM)  # hosts of their own: NaFlexVit, Beit, SAM
+# NaFlexVit, Beit, VisionTransformerSAM: hosts of their own
+SUPPORTED_MODELS: tuple[type, ...] = (VisionTransformer, Eva, NaFlexVit, Beit, VisionTransformerSAM)
 SUPPORTED = ", ".join(f"timm {c.__name__}" for c in SUPPORTED_MODELS) + " (and subclasses such as DeiT)"
 
 

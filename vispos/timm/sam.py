@@ -170,7 +170,7 @@ class PatchedSam(PositionsHost, VisionTransformerSAM):
         output_fmt: str = "NCHW",
         intermediates_only: bool = False,
     ) -> list[torch.Tensor] | tuple[torch.Tensor, list[torch.Tensor]]:
-        """timm's ``VisionTransformerSAM.forward_intermediates`` (same arguments and outputs) with vispos's positions."""
+        """timm's ``VisionTransformerSAM.forward_intermediates`` (same arguments and outputs), vispos's positions."""
         if output_fmt != "NCHW":
             raise ValueError(f"output_fmt must be 'NCHW' for SAM, got {output_fmt!r}")
         take_indices, max_index = feature_take_indices(len(self.blocks), indices)
