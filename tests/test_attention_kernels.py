@@ -37,7 +37,8 @@ def test_patched_models_reach_the_fused_cpu_kernel(scheme: str | list[str], trai
                 model(x)
 
     names = [scheme] if isinstance(scheme, str) else scheme
-    learned_mask = any(vispos.get_info(n, 2).kind == "bias" and vispos.get_info(n, 2).trainable for n in names)
+    trained = ("bias", "query_bias")
+    learned_mask = any(vispos.get_info(n, 2).kind in trained and vispos.get_info(n, 2).trainable for n in names)
     # PyTorch's fused CPU kernel has no gradient for the mask: a mask that trains takes the math path
     assert sdpa_kernels(run) == ({"math"} if training and learned_mask else {"flash (CPU)"})
 

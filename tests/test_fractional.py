@@ -20,8 +20,9 @@ import vispos
 from vispos.encodings.rope2d import Rope2d
 from vispos.timm.model import PREFIX_TOKENS
 
-SCHEMES_2D = [*vispos.list_encodings(2), ["learned2d", "relbias2d"]]
-AT_POINTS = [s for s in vispos.list_encodings(2) if s not in ("relbias2d", "peg2d", "nope")]
+ONE_GRID = ("decomposed2d",)  # refuses ragged batches, and so points (tests/test_ragged.py)
+SCHEMES_2D = [*(s for s in vispos.list_encodings(2) if s not in ONE_GRID), ["learned2d", "relbias2d"]]
+AT_POINTS = [s for s in vispos.list_encodings(2) if s not in ("relbias2d", "peg2d", "nope", *ONE_GRID)]
 CELLS_ONLY = ["relbias2d", "peg2d"]
 GRIDS = [(3, 5), (4, 3)]  # the two images of a batch
 

@@ -181,6 +181,22 @@ def test_rope2d_patched_vit_has_no_cross_term_in_any_layer_or_head(options: dict
             assert (translation_error(logits, GRID) < FP).all()
 
 
+# --- decomposed2d: a y-only plus an x-only term -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_decomposed2d_has_no_cross_term_alone_or_in_a_patched_vit(seed: int) -> None:
+    enc = encoding("decomposed2d", 2, seed)
+    logits = scheme_logits(enc, GRID, q=content(seed, HEADS, HEAD_DIM), k=content(seed + 7, HEADS, HEAD_DIM))
+    assert (cross_term(logits, GRID) < FP).all()
+    assert (separability_error(offset_map(logits, GRID)) < FP).all()
+    model = vit("decomposed2d", seed)
+    with torch.no_grad():
+        for layer in range(2):
+            logits = layer_logits(model, GRID, layer=layer, content=content(seed, EMBED), norm=True)
+            assert (cross_term(logits, GRID) < FP).all() and (translation_error(logits, GRID) < FP).all()
+
+
 # --- absolute tables: cross terms after the projections ----------------------------------------------
 
 

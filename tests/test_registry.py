@@ -52,6 +52,8 @@ def scalar_of(out: object, kind: str, n: int) -> torch.Tensor:
         return (q @ k.transpose(-2, -1)).sum()
     if kind == "relative_kv":
         out = torch.cat([out.key_table, out.value_table])
+    if kind == "query_bias":  # the bias at some queries
+        out = out.logits(qk(n)[0])
     return (out * torch.randn(out.shape, generator=g)).sum()
 
 
@@ -71,6 +73,7 @@ def test_catalogue_has_the_design_names() -> None:
         "comrope2d",
         "liere2d",
         "peg2d",
+        "decomposed2d",
     }
     assert set(SCHEMES_1D) == {
         "sincos1d", "learned1d", "shaw", "t5", "alibi", "rope", "xpos", "mrope", "nope", "ropend",
@@ -102,6 +105,10 @@ def test_2d_output_shape_dtype_finite(name: str) -> None:
         assert out.shape == (2, n, DIM) and out.dtype == torch.float32 and out.isfinite().all()
     elif info.kind == "bias":
         assert out.shape == (HEADS, n, n) and out.dtype == torch.float32 and out.isfinite().all()
+    elif info.kind == "query_bias":  # a bias from the queries: [B, heads, N, N] in their dtype
+        bias = out.logits(qk(n)[0])
+        assert bias.shape == (2, HEADS, n, n) and bias.dtype == torch.float32 and bias.isfinite().all()
+        assert out.logits(qk(n, torch.bfloat16)[0]).dtype == torch.bfloat16
     else:
         assert isinstance(out, Rotary)
         if out.blocks is not None:  # general block rotations (ComRoPE, LieRE): [(heads,) N, d/b, b, b]
@@ -157,6 +164,11 @@ def test_2d_bf16_module_agrees_with_fp32(name: str) -> None:
         eq, ek = ref.rotate(q.float(), k.float())
         torch.testing.assert_close(rq.float(), eq, atol=3e-2, rtol=2e-2)
         torch.testing.assert_close(rk.float(), ek, atol=3e-2, rtol=2e-2)
+    elif info.kind == "query_bias":  # the bias at bf16 queries, in bf16
+        q = qk(n, torch.bfloat16)[0]
+        got = out.logits(q)
+        assert got.dtype == torch.bfloat16
+        torch.testing.assert_close(got.float(), ref.logits(q.float()), atol=1e-2, rtol=2e-2)
     else:
         tol = 0.1 if name == "cpb2d" else 1e-2  # 16 * sigmoid of a bf16 MLP
         torch.testing.assert_close(out.float(), ref, atol=tol, rtol=2e-2)

@@ -16,6 +16,7 @@ import torch._dynamo
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
+from .encodings.decomposed import QueryBias
 from .encodings.shaw import ShawTables
 
 
@@ -33,6 +34,12 @@ def as_4d(mask: torch.Tensor | None) -> torch.Tensor | None:
     if mask is None or mask.dim() >= 4:
         return mask
     return mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
+
+
+def query_mask(mask: torch.Tensor | QueryBias | None, q: torch.Tensor) -> torch.Tensor | None:
+    """A layer's mask as SDPA takes it: a query-dependent bias (``QueryBias``, decomposed2d) evaluated at the
+    queries q [B, heads, N, head_dim] (before the logit scale), any other mask as it is."""
+    return mask.logits(q) if isinstance(mask, QueryBias) else mask
 
 
 def combine_masks(*masks: torch.Tensor | None) -> torch.Tensor | None:

@@ -22,6 +22,8 @@ from ._validate import check_grid
 from .positions import Positions
 from .registry import SchemeInfo, build_in_context, get_info, list_encodings, split_options
 
+ATTENTION_KINDS: tuple[str, ...] = ("rotary", "bias", "query_bias")  # the kinds applied inside attention
+
 
 class PretrainedPositionsWarning(UserWarning):
     """Patching discards or overrides positions a pretrained model's weights were trained with."""
@@ -100,21 +102,28 @@ def resolve_schemes(
         raise TypeError(f"pos must be a scheme name or a list of names, got {pos!r}")
     infos = [get_info(n, ndim=2) for n in names]
     additive = [i for i in infos if i.kind == "additive"]
-    attention = [i for i in infos if i.kind in ("rotary", "bias")]
+    attention = [i for i in infos if i.kind in ATTENTION_KINDS]
     conditional = [i for i in infos if i.kind == "conditional"]
     if len(additive) > 1 or len(attention) > 1 or len(conditional) > 1:
         raise ValueError(
             f"combine at most one additive scheme, one attention scheme and one conditional scheme, got {names}; "
             f"additive: {', '.join(list_encodings(2, kind='additive'))}; "
-            f"attention: {', '.join(list_encodings(2, kind=('rotary', 'bias')))}; "
+            f"attention: {', '.join(list_encodings(2, kind=ATTENTION_KINDS))}; "
             f"conditional: {', '.join(list_encodings(2, kind='conditional'))}"
         )
     return tuple(group[0] if group else None for group in (additive, attention, conditional))
 
 
-def _build(info: SchemeInfo, context: dict[str, Any], options: dict[str, Any], copies: int) -> nn.Module:
+def _build(
+    info: SchemeInfo,
+    context: dict[str, Any],
+    options: dict[str, Any],
+    copies: int,
+    layer_grids: list[tuple[int, int]] | None = None,
+) -> nn.Module:
     if info.builds_per_layer(options):
-        return nn.ModuleList(build_in_context(info, context, options) for _ in range(copies))
+        grids = layer_grids or [context["train_grid"]] * copies
+        return nn.ModuleList(build_in_context(info, context | {"train_grid": g}, options) for g in grids)
     return build_in_context(info, context, options)
 
 
@@ -149,11 +158,13 @@ def build_positions(
     kept: OwnRope | None = None,
     *,
     table: torch.Tensor | None = None,
+    layer_grids: list[tuple[int, int]] | None = None,
 ) -> Positions:
     """The ``Positions`` of a host model: its (additive, attention, conditional) schemes built for the
     model's widths, heads, depth (``shape``) and training ``grid``; ``table_prefix``: the prefix rows of an additive
     table. A learned table starts from the model's own ``table`` where it fits; ``kept``: the model's
-    own RoPE whose learned frequencies are adopted."""
+    own RoPE whose learned frequencies are adopted. ``layer_grids``: the grid each layer attends over, where
+    it is not ``grid`` (SAM's window blocks), for the training grid of a per-layer attention scheme."""
     additive, attention, conditional = schemes
     grid = check_grid(grid)
     depth = shape.depth
@@ -167,7 +178,7 @@ def build_positions(
             adopt(table)
     if attention is not None:
         att_context = context | {"dim": shape.head_dim, "num_prefix_tokens": shape.num_prefix_tokens}
-        att_module = _build(attention, att_context, per_scheme[attention.name], depth)
+        att_module = _build(attention, att_context, per_scheme[attention.name], depth, layer_grids)
         if kept is not None and kept.freqs is not None:
             adopt_freqs(att_module, kept)
     if conditional is not None:

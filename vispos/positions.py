@@ -45,7 +45,8 @@ class PositionContext:
     grid_tensor: torch.Tensor | None = None  # (H, W) on the device, for FlexAttention's score_mod: made once
 
     def layer(self, index: int) -> tuple[Rotary | QueryScaled | None, torch.Tensor | None]:
-        """(rotation: cos/sin [(heads,) N, d] or None, additive mask [1, heads, N, N] or the caller's mask).
+        """(rotation: cos/sin [(heads,) N, d] or None, additive mask [1, heads, N, N] or the caller's mask; a
+        query-dependent bias comes as a ``QueryBias`` in the mask's place, ``query_mask`` gives its mask).
         For a token subset (``tokens``) or a ragged batch (``ragged``), rotations [B, heads or 1, M, d] and
         masks [B, heads or 1, M, M]; a per-token logit scale comes as a ``QueryScaled`` rotation."""
         return self.positions.layer(self, index)
@@ -309,9 +310,9 @@ class Positions(nn.Module):
         grid, device, tokens = ctx.grid, ctx.device, ctx.tokens
         if ctx.ragged is not None:
             return self._gathered(module, ctx)
-        if self.attention_kind == "rotary":
-            rotary = module(grid, device).with_prefix(self.num_prefix_tokens)
-            return rotary if tokens is None else rotary.take(tokens)
+        if self.attention_kind in ("rotary", "query_bias"):  # a rotation, or a bias awaiting the queries
+            out = module(grid, device).with_prefix(self.num_prefix_tokens)
+            return out if tokens is None else out.take(tokens)
         if ctx.bias_index is not None:  # [P + HW, P + HW], or the subset's [B, M, M]
             mask = bias_mask(module.offset_bias(grid, device), getattr(module, "prefix_bias", None), ctx.bias_index)
             return mask[None] if tokens is None else mask.transpose(0, 1)
@@ -420,6 +421,11 @@ class Positions(nn.Module):
         mean of its cells): every scheme defined between grid cells is evaluated at each token's point
         (``ragged_layout``); relbias2d's integer table and peg2d's convolution refuse fractional points.
         DINOv3's coordinate augmentation (training mode) is drawn per image."""
+        if self.attention_kind == "query_bias":
+            raise ValueError(
+                f"{self.settings['pos']}: a query-dependent bias (decomposed2d) is built for one grid; ragged and "
+                "packed batches are not supported: run each image size as a batch of its own"
+            )
         layout = ragged_layout(coords, sizes, valid=valid, segments=segments, num_prefix_tokens=self.num_prefix_tokens,
                                per_image=self._draws_per_forward())  # fmt: skip
         if layout.fractional and (needs := self._needs_cells()) is not None:
@@ -543,6 +549,8 @@ class Positions(nn.Module):
 
     def _combined(self, out: Rotary | torch.Tensor, user: torch.Tensor | None) -> Rotary | torch.Tensor:
         """A bias mask plus the caller's mask (a rotation is returned as it is)."""
+        if self.attention_kind == "query_bias":
+            return out.plus(user)
         return out if self.attention_kind == "rotary" else combine_masks(out, user)
 
     @property

@@ -15,12 +15,13 @@ from typing import Literal, TypeVar
 
 from torch import nn
 
-Kind = Literal["additive", "rotary", "bias", "relative_kv", "conditional", "none"]
+Kind = Literal["additive", "rotary", "bias", "query_bias", "relative_kv", "conditional", "none"]
 # How each kind enters a transformer (also the "acts on" column of the property table).
 ACTS_ON: dict[str, str] = {
     "additive": "embedding (added)",
     "rotary": "q, k",
     "bias": "attention logits",
+    "query_bias": "attention logits (from q)",
     "relative_kv": "q.k and value sum",
     "conditional": "tokens after a block (conv on the grid)",
     "none": "-",

@@ -60,6 +60,7 @@ def scheme_logits(
       logit is R(p) q . R(q') k * scale.
     - bias: the bias itself (the position part); with ``q``, ``k`` also the content logit q . k * scale.
     - relative_kv (Shaw): ``q`` required; q . a(q' - p) * scale, plus q . k * scale when ``k`` is given.
+    - query_bias (decomposed2d): ``q`` required; its bias at q (unscaled), plus q . k * scale when ``k`` is given.
     - additive: projections ``wq``, ``wk`` [heads, C, head_dim]; tokens x_p = content + PE_p
       (``content`` [C], default zero: the position-only part PE_p W_q . PE_q' W_k), logits x_p W_q . x_q' W_k * scale.
     - conditional (2D): as additive, with tokens x_p = the scheme applied to ``content`` at every position
@@ -86,7 +87,7 @@ def scheme_logits(
         if positions.dim() != 1:
             raise ValueError(f"1D positions must be a length or a tensor [N], got {tuple(positions.shape)}")
         out, n = encoding(positions), positions.shape[0]
-    if info.kind in ("rotary", "relative_kv") and q is None:
+    if info.kind in ("rotary", "relative_kv", "query_bias") and q is None:
         raise ValueError(f"{info.name} ({info.kind}) needs content vectors q= (and k=) [head_dim] or [heads, head_dim]")
     if info.kind == "rotary" and k is None:
         raise ValueError(f"{info.name} (rotary) needs content vectors q= and k=")
@@ -112,6 +113,9 @@ def scheme_logits(
     content_part = _content_logits(q, k, n, scale) if q is not None and k is not None else None
     if info.kind == "bias":
         return out.float() if content_part is None else out.float() + content_part
+    if info.kind == "query_bias":  # q at every position, before the logit scale (as the model adds it)
+        logits = out.logits(q[None, :, None, :].expand(1, -1, n, -1).float())[0]  # [heads, N, N]
+        return logits if content_part is None else logits + content_part
     if info.kind == "relative_kv":
         q_rel = q @ out.key_table.T.to(q.dtype)  # [heads, 2k+1]
         logits = q_rel[:, out.index] * scale  # [heads, N, N]

@@ -16,6 +16,7 @@ schemes) when ``vispos`` is. The contract:
   | additive | [N, dim] to add to the tokens (2D: patch tokens, row-major) |
   | rotary | ``Rotary`` (cos/sin [(heads,) N, head_dim] in fp32) |
   | bias | additive logits [heads, N, N] (1D may add a batch dim) |
+  | query_bias | ``QueryBias`` (2D: ``logits(q)`` -> additive logits [B, heads, N, N] from the queries) |
   | relative_kv | ``ShawTables`` |
   | conditional | 2D: ``forward(x [B, P + H*W, dim], grid, num_prefix_tokens, tokens)``, the tokens transformed |
   | none | None |
@@ -42,6 +43,7 @@ import pkgutil
 
 from .alibi import Alibi, Alibi2d, alibi_slopes
 from .comrope import ComRope2d
+from .decomposed import Decomposed2d, QueryBias, relative_rows
 from .learned import Learned1d, Learned2d
 from .liere import Liere2d, generator_rotations
 from .mrope import MRope, mrope_positions
@@ -69,4 +71,5 @@ __all__ = [
     "sincos_1d", "sincos_2d", "t5_bucket",
     "ComRope2d", "Liere2d", "Rope2dGolden", "RopeNd", "String2d", "fold_string", "generator_rotations",
     "Peg2d", "peg_2d", "peg_2d_subset",
+    "Decomposed2d", "QueryBias", "relative_rows",
 ]  # fmt: skip

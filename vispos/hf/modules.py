@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..attention import as_float_mask, combine_masks, flex_bias_attention, sdpa
+from ..attention import as_float_mask, combine_masks, flex_bias_attention, query_mask, sdpa
 from ..positions import PositionContext, Positions
 from .families import FAMILIES, naflex_layout, patch_conv, token_grid
 
@@ -174,6 +174,7 @@ class PatchedAttention:
             rotary, mask = ctx.layer(self.vispos_layer)
             if rotary is not None:
                 q, k = rotary.rotate(q, k)
+            mask = query_mask(mask, q)
             if mask is not None and "flash" in impl:
                 raise ValueError(f"{ctx.positions.settings['pos']} with attn_implementation={impl!r}: {FLASH_REFUSAL}")
             if mask is not None:

@@ -127,7 +127,7 @@ def _adopted(positions: Positions, table: torch.Tensor) -> bool:
 
 def _refuse_flash(attention: Any, config: Any) -> None:
     impl = getattr(config, "_attn_implementation", None) or ""
-    if attention is not None and attention.kind == "bias" and "flash" in impl:
+    if attention is not None and attention.kind in ("bias", "query_bias") and "flash" in impl:
         raise ValueError(f"{attention.name} with attn_implementation={impl!r}: {FLASH_REFUSAL}")
 
 

@@ -17,6 +17,9 @@
   (``SwinPositions``: additive schemes at the patch embedding, attention schemes per stage on window-local
   coordinates, shared by the windows and blocks of a stage, the shifted-window mask kept); Swin's tables inherited
   as ``relbias2d``, Swin V2's ``cpb_mlp`` as ``cpb2d``.
+- ``sam.py``: the SAM image encoder (``VisionTransformerSAM``) as a host of its own (``PatchedSam``): NHWC
+  windowed and global blocks, its per-block decomposed tables inherited as ``decomposed2d``, ``pos_embed`` as
+  ``learned2d``.
 - ``attention.py``: ``PatchedAttention``, which adopts a timm attention's weights and applies the
   positions; its ``positioned`` method is the one q/k path that both ``forward`` and the diagnostics use.
 
@@ -32,9 +35,10 @@ What the adapter touches in timm, and what for:
 - Classes accepted (``isinstance``): ``timm.models.vision_transformer.VisionTransformer``,
   ``timm.models.eva.Eva``, ``naflexvit.NaFlexVit``, ``beit.Beit``,
   ``vision_transformer_relpos.VisionTransformerRelPos``, ``swin_transformer.SwinTransformer``,
-  ``swin_transformer_v2.SwinTransformerV2`` (models);
+  ``swin_transformer_v2.SwinTransformerV2``, ``vision_transformer_sam.VisionTransformerSAM`` (models);
   ``vision_transformer.Attention``, ``timm.layers.AttentionRope``, ``eva.EvaAttention``, ``beit.Attention``,
-  ``vision_transformer_relpos.RelPosAttention``, Swin's and Swin V2's ``WindowAttention`` (attentions replaced).
+  ``vision_transformer_relpos.RelPosAttention``, Swin's and Swin V2's ``WindowAttention``, SAM's ``Attention``
+  (attentions replaced).
   Refused by class name: ``SwinTransformerV2Cr``.
 - BEiT (``beit.py``): blocks called as ``block(x, shared_rel_pos_bias=...)`` (the context travels there); read:
   ``blocks[i].attn.relative_position_bias_table`` ([(2H-1)(2W-1) + 3, heads], ``gen_relative_position_index``'s
@@ -49,6 +53,12 @@ What the adapter touches in timm, and what for:
   ``num_prefix_tokens``; their state-dict keys (``blocks.{i}.attn.rel_pos.mlp.fc1.weight``,
   ``shared_rel_pos.relative_position_bias_table``...) mapped when a timm checkpoint loads; written:
   ``shared_rel_pos = None``, ``norm_pre = nn.Identity()``; ``timm.models._features.feature_take_indices``.
+- SAM (``sam.py``): ``vision_transformer_sam.Attention``, ``Block`` (its class swapped for a subclass whose
+  forward takes the positions; ``window_size``, ``norm1``, ``ls1``/``ls2``, ``drop_path1``/``drop_path2``,
+  ``norm2``, ``mlp``) and ``window_partition`` / ``window_unpartition``; read: ``attn.use_rel_pos``,
+  ``attn.rel_pos_h`` / ``rel_pos_w``, ``pos_embed`` [1, H, W, C], ``rope_global``, ``patch_embed.grid_size``,
+  ``pos_drop``, ``patch_drop``, ``norm_pre``, ``neck``; written: ``pos_embed``, ``rope_global``, ``rope_window``
+  = None; overridden: ``forward_features``, ``forward_intermediates``.
 - Methods overridden on the patched subclass: ``_pos_embed`` (private; Eva's returns ``(x, rope)``),
   ``forward_features``, ``forward_intermediates`` (called through ``super()`` with ``attn_mask=``),
   ``no_weight_decay``, ``group_matcher`` (both extend timm's result).

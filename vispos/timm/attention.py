@@ -9,7 +9,7 @@ from timm.layers import AttentionRope
 from timm.models.eva import EvaAttention
 from timm.models.vision_transformer import Attention as TimmAttention
 
-from ..attention import FlexBias, flex_bias_attention, sdpa
+from ..attention import FlexBias, flex_bias_attention, query_mask, sdpa
 from ..positions import PositionContext
 
 SUPPORTED_ATTENTION: tuple[type, ...] = (TimmAttention, AttentionRope, EvaAttention)
@@ -89,7 +89,7 @@ class PatchedAttention(torch.nn.Module):
         rotary, mask = attn_mask.layer(self.layer_idx)
         if rotary is not None:
             q, k = rotary.rotate(q, k)
-        return q, k, v, self.scale * attn_mask.logit_scale, mask
+        return q, k, v, self.scale * attn_mask.logit_scale, query_mask(mask, q)
 
     def flex_attend(self, x: torch.Tensor, ctx: PositionContext, bias: FlexBias) -> torch.Tensor:
         """The same attention through FlexAttention: the relative bias looked up per offset, no mask built.

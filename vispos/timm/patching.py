@@ -1,7 +1,8 @@
 """``vispos.patch(model, "rope2d")``: swap the positional scheme of a timm ViT.
 
 ``patch`` checks the model and hands it to its host: ``vit.py`` (``VisionTransformer``, ``Eva``), ``naflex.py``,
-``beit.py``, ``relpos.py`` or ``swin.py``; ``create_model`` builds and patches, loading a patched model's weights.
+``beit.py``, ``relpos.py``, ``swin.py`` or ``sam.py``; ``create_model`` builds and patches, loading a patched
+model's weights.
 
 What changes for a ``VisionTransformer`` / ``Eva`` on the one model it is given (never on timm's classes):
 
@@ -29,6 +30,7 @@ from timm.models.swin_transformer import SwinTransformer
 from timm.models.swin_transformer_v2 import SwinTransformerV2
 from timm.models.vision_transformer import VisionTransformer
 from timm.models.vision_transformer_relpos import VisionTransformerRelPos
+from timm.models.vision_transformer_sam import VisionTransformerSAM
 from torch import nn
 
 from .._validate import check_bool
@@ -37,13 +39,15 @@ from .beit import patch_beit
 from .model import PatchedViT, patched_weights
 from .naflex import patch_naflex
 from .relpos import patch_relpos
+from .sam import patch_sam
 from .swin import patch_swin
 from .vit import patch_vit
 
-# NaFlexVit, Beit, VisionTransformerRelPos, SwinTransformer(V2): hosts of their own (naflex.py, beit.py, relpos.py,
-# swin.py)
+# NaFlexVit, Beit, VisionTransformerRelPos, SwinTransformer(V2), VisionTransformerSAM: hosts of their own
+# (naflex.py, beit.py, relpos.py, swin.py, sam.py)
 SUPPORTED_MODELS: tuple[type, ...] = (
     VisionTransformer, Eva, NaFlexVit, Beit, VisionTransformerRelPos, SwinTransformer, SwinTransformerV2,
+    VisionTransformerSAM,
 )  # fmt: skip
 SUPPORTED = ", ".join(f"timm {c.__name__}" for c in SUPPORTED_MODELS) + " (and subclasses such as DeiT)"
 
@@ -111,6 +115,8 @@ def patch(
         return patch_relpos(model, pos, inherit=inherit, **options)
     if isinstance(model, (SwinTransformer, SwinTransformerV2)):  # windowed attention: its own host
         return patch_swin(model, pos, inherit=inherit, **options)
+    if isinstance(model, VisionTransformerSAM):  # its own host: NHWC windows, per-block decomposed relative tables
+        return patch_sam(model, pos, inherit=inherit, **options)
     _check_model(model)
     return patch_vit(model, pos, inherit=inherit, **options)
 
