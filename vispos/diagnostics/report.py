@@ -8,6 +8,7 @@ pyplot's global state.
 
 from __future__ import annotations
 
+import inspect
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,17 +54,25 @@ def _display_order(name: str) -> tuple[int, str]:
     return kinds.index(get_info(name, ndim=2).kind), name
 
 
+RANDOM_INIT_STD = 0.02  # a scheme whose tables start at zero (decomposed2d, as SAM) is drawn with this instead
+
+
 def build_layer(name: str, *, grid: tuple[int, int], embed_dim: int, num_heads: int, patch_size: int = 4) -> nn.Module:
     """A one-block random ViT (cls token) at ``grid``, patched with ``name``, in eval mode; two blocks for a
-    conditional scheme (peg2d after the first: its positions reach the second layer)."""
+    conditional scheme (peg2d after the first: its positions reach the second layer). Tables that a scheme
+    starts at zero are drawn at random (``RANDOM_INIT_STD``): a zero table has no positions to measure."""
     h, w = grid
+    info = get_info(name, ndim=2)
+    init = inspect.signature(info.builder).parameters.get("init_std")
+    options = {"init_std": RANDOM_INIT_STD} if init is not None and init.default == 0 else {}
     model = create_model(
         "vit_tiny_patch16_224",  # timm's default ViT block; every size below overrides the tiny one
         pos=name,
+        pos_options=options,
         img_size=(h * patch_size, w * patch_size),
         patch_size=patch_size,
         embed_dim=embed_dim,
-        depth=2 if get_info(name, ndim=2).kind == "conditional" else 1,
+        depth=2 if info.kind == "conditional" else 1,
         num_heads=num_heads,
         num_classes=0,
     )
