@@ -1,7 +1,8 @@
 """Speed of patched models against their unpatched baseline, measured in one interleaved run.
 
     python -m benchmarks.patch_overhead [--reps 10] [--batch 8] [--device cpu|cuda] [--json out.json]
-                                        [--schemes rope2d,string2d,...] [--transformers]
+                                        [--schemes rope2d,string2d,...] [--families vit,timm,swin,beit]
+                                        [--transformers]
 
 For ``vit_small_patch16_224`` at 224 px (random init): the time of a forward pass under
 ``torch.inference_mode()`` (what a user's evaluation sees) and of a training step (forward + backward)
@@ -14,6 +15,17 @@ interleaved (each round times every configuration once) and ratios use per-round
 noise hits all rows alike. Each ratio comes with a 95 % bootstrap interval over the rounds; the control
 row (the unpatched model timed again as a second configuration) shows what the machine's noise alone
 gives, so a row's ratio is resolved when its interval clears the control's.
+
+Windowed and BEiT hosts, where vispos inherits the model's own relative bias (``vispos.patch(model,
+"relbias2d")``, ``inherit=True``): timm's Swin-T (``swin_tiny_patch4_window7_224``, its per-window tables as
+window-local ``relbias2d``) and a BEiT at ViT-S size (``beit_base_patch16_224`` built 384 wide with 6 heads, 12
+layers; its per-layer tables as ``relbias2d``), each against timm's own unpatched model: the same positions and
+outputs (tests/test_patch_overhead_stats.py), so the ratio is vispos's cost alone.
+
+``--families``: which groups of rows to time, comma-separated: ``vit`` (the vispos schemes on
+``vit_small_patch16_224``), ``timm`` (timm's RoPE and relative-bias ViTs), ``swin``, ``beit``; default all of
+them, or only ``vit`` when ``--schemes`` is given. The ``vit_small_patch16_224`` baseline and the control row are
+always timed. ``--families swin,beit`` times only the new hosts (with the control).
 
 ``--transformers``: the same for a transformers ``Dinov2Model`` of DINOv2-S's size (384 wide, 12 layers,
 6 heads, patch 14, sdpa) against itself unpatched, with a control row of its own: its table inherited
@@ -61,22 +73,48 @@ def _without_timm_positions(name: str) -> nn.Module:
     return model
 
 
-def configurations(schemes: list[str] | None = None) -> dict[str, tuple[str, Callable[[], nn.Module]]]:
-    """label -> (baseline label, builder); ``schemes``: only these vispos schemes (and no timm models)."""
+SWIN = "swin_tiny_patch4_window7_224"
+BEIT = "beit_base_patch16_224"
+BEIT_SMALL = {"embed_dim": 384, "num_heads": 6}  # ViT-S's width and heads (timm has no beit_small)
+# family -> (label of timm's own model, builder of timm's model, the vispos scheme that inherits its positions)
+INHERITED_HOSTS: dict[str, tuple[str, Callable[..., nn.Module], str]] = {
+    "swin": (f"timm {SWIN}", lambda **kw: timm.create_model(SWIN, pretrained=False, **kw), "relbias2d"),
+    "beit": (f"timm {BEIT} (ViT-S size: 384 wide, 6 heads)",
+             lambda **kw: timm.create_model(BEIT, pretrained=False, **(BEIT_SMALL | kw)), "relbias2d"),
+}  # fmt: skip
+FAMILIES = ("vit", "timm", *INHERITED_HOSTS)
+
+
+def inherited_label(family: str) -> str:
+    """The row of ``family``'s model patched by vispos with its own positions inherited."""
+    own, _, scheme = INHERITED_HOSTS[family]
+    return f"vispos {scheme} (inherited) on {own.removeprefix('timm ')}"
+
+
+def configurations(
+    schemes: list[str] | None = None, families: list[str] | tuple[str, ...] | None = None
+) -> dict[str, tuple[str, Callable[[], nn.Module]]]:
+    """label -> (baseline label, builder); ``schemes``: only these vispos schemes on ViT-S; ``families``: only
+    these groups of rows (``FAMILIES``; default all of them, or only ``vit`` when ``schemes`` is given)."""
+    families = tuple(FAMILIES if schemes is None else ("vit",)) if families is None else tuple(families)
+    if unknown := set(families) - set(FAMILIES):
+        raise ValueError(f"unknown families {sorted(unknown)}; choose from {list(FAMILIES)}")
     configs: dict[str, tuple[str, Callable[[], nn.Module]]] = {f"timm {MODEL}": ("", lambda: timm.create_model(MODEL))}
     configs[CONTROL] = (f"timm {MODEL}", lambda: timm.create_model(MODEL))  # the same model: noise alone
-    for scheme in vispos.list_encodings(ndim=2) if schemes is None else schemes:
+    for scheme in (vispos.list_encodings(ndim=2) if schemes is None else schemes) if "vit" in families else ():
         configs[f"vispos {scheme}"] = (f"timm {MODEL}", lambda s=scheme: vispos.create_model(MODEL, pos=s))
         if scheme == "string2d":  # STRING's basis folded into the q/k projections: RoPE's cost at inference
             configs["vispos string2d (folded)"] = (
                 f"timm {MODEL}", lambda: fold_string(vispos.create_model(MODEL, pos="string2d"))
             )  # fmt: skip
-    if schemes is not None:
-        return configs
-    for name in ("vit_small_patch16_rope_224", "vit_relpos_small_patch16_224"):
+    for name in ("vit_small_patch16_rope_224", "vit_relpos_small_patch16_224") if "timm" in families else ():
         base = f"{name} without its positions"
         configs[base] = ("", lambda n=name: _without_timm_positions(n))
         configs[f"timm {name}"] = (base, lambda n=name: timm.create_model(n))
+    for family in (f for f in INHERITED_HOSTS if f in families):  # vispos inheriting the host's own positions
+        own, build, scheme = INHERITED_HOSTS[family]
+        configs[own] = ("", build)
+        configs[inherited_label(family)] = (own, lambda b=build, s=scheme: vispos.patch(b(), s))
     return configs
 
 
@@ -126,10 +164,15 @@ def _time(fn: Callable[[], object], device: torch.device) -> float:
 
 
 def run(
-    reps: int, batch: int, device: torch.device, schemes: list[str] | None = None, hf: bool = False
+    reps: int,
+    batch: int,
+    device: torch.device,
+    schemes: list[str] | None = None,
+    hf: bool = False,
+    families: list[str] | None = None,
 ) -> dict[str, dict[str, float]]:
     torch.manual_seed(0)
-    configs = configurations(schemes) | (transformers_configurations() if hf else {})
+    configs = configurations(schemes, families) | (transformers_configurations() if hf else {})
     models = {label: build().to(device) for label, (_, build) in configs.items()}
     x = torch.randn(batch, 3, 224, 224, device=device)
 
@@ -198,14 +241,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", default=None, help="also write the results here")
     parser.add_argument("--schemes", default=None, help="comma-separated vispos schemes to time (default: all, "
                         "with timm's own RoPE and relative-bias models)")  # fmt: skip
+    parser.add_argument("--families", default=None, help=f"comma-separated groups of rows, of {','.join(FAMILIES)} "
+                        "(default: all, or vit alone with --schemes)")  # fmt: skip
     parser.add_argument("--transformers", action="store_true", help="also time a transformers DINOv2-S patched "
                         "and unpatched")  # fmt: skip
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     schemes = None if args.schemes is None else [vispos.get_info(s, 2).name for s in args.schemes.split(",")]
-    results = run(args.reps, args.batch, device, schemes, hf=args.transformers)
-    print(f"{MODEL} at 224 px, batch {args.batch}, fp32, {device.type}, {args.reps} interleaved rounds "
-          "(forward under torch.inference_mode; training step = forward + backward)")
+    families = None if args.families is None else [f.strip() for f in args.families.split(",")]
+    results = run(args.reps, args.batch, device, schemes, hf=args.transformers, families=families)
+    print(f"{MODEL} (and each row's own model) at 224 px, batch {args.batch}, fp32, {device.type}, "
+          f"{args.reps} interleaved rounds (forward under torch.inference_mode; training step = forward + backward)")
     print(table(results))
     if args.json:
         with open(args.json, "w") as f:
