@@ -12,6 +12,7 @@ from benchmarks.gpu_check import main
 
 SCHEMES = set(vispos.list_encodings(ndim=2))
 FLEX = {f"{s} (flex)" for s in vispos.list_encodings(ndim=2, kind="bias")}
+ONE_GRID = set(vispos.list_encodings(ndim=2, kind="query_bias"))  # refused in ragged batches (decomposed2d)
 RAGGED = {"padded to the largest", "ragged rows", "packed rows"}
 
 
@@ -34,9 +35,10 @@ def test_gpu_check_dry_run_writes_every_configuration(tmp_path: Path) -> None:
     for row in dropout.values():
         assert set(row) == {"no dropout", "patch dropout 50%"}
         assert row["no dropout"]["ratio"] == 1.0 and row["patch dropout 50%"]["ratio"] > 0
-    # (b) ragged batch: every scheme, the biases once more configured for FlexAttention
+    # (b) ragged batch: every scheme that takes one (not decomposed2d), the biases once more for FlexAttention
     ragged = report["ragged"]
-    assert set(ragged["results"]) == SCHEMES | FLEX and len(ragged["image_sizes"]) == ragged["batch"] == 2
+    assert ONE_GRID == {"decomposed2d"}
+    assert set(ragged["results"]) == (SCHEMES - ONE_GRID) | FLEX and len(ragged["image_sizes"]) == ragged["batch"] == 2
     for row in ragged["results"].values():
         assert set(row) == RAGGED and row["padded to the largest"]["ratio"] == 1.0
         assert all(r["ratio"] > 0 and r["ms"] > 0 and r["attention"] for r in row.values())
@@ -52,7 +54,7 @@ def test_gpu_check_dry_run_writes_every_configuration(tmp_path: Path) -> None:
 def test_gpu_check_skip_flags(tmp_path: Path) -> None:
     assert main(["--dry-run", "--skip-throughput", "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "gpu_check.json").read_text())
-    assert "results" not in report and set(report["ragged"]["results"]) == SCHEMES | FLEX
+    assert "results" not in report and set(report["ragged"]["results"]) == (SCHEMES - ONE_GRID) | FLEX
     table = (tmp_path / "gpu_check.md").read_text()
     assert "## Inference throughput" not in table and "## (b) Ragged batch" in table
     with pytest.raises(SystemExit):

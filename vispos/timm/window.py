@@ -21,7 +21,7 @@ from timm.models.swin_transformer import WindowAttention as SwinWindowAttention
 from timm.models.swin_transformer_v2 import WindowAttention as SwinV2WindowAttention
 from torch import nn
 
-from ..attention import sdpa
+from ..attention import query_mask, sdpa
 from ..positions import PositionContext
 from .attention import require_context
 
@@ -72,12 +72,14 @@ def _regions(length: int, window: int, shift: int, device: torch.device | None) 
 
 
 def window_mask(bias: torch.Tensor | None, shift: torch.Tensor | None, num_windows_total: int) -> torch.Tensor | None:
-    """A window bias [1 or heads..., N, N] ([1, heads, N, N]) plus the shift mask [nW, N, N] -> the additive mask
-    of every window of the batch, [B * nW, heads or 1, N, N] (windows ordered as ``partition`` orders them);
-    the bias alone when nothing is shifted."""
+    """A window bias [1, heads, N, N] (or one per window, [B * nW, heads, N, N]: a query-dependent bias) plus
+    the shift mask [nW, N, N] -> the additive mask of every window of the batch, [B * nW, heads or 1, N, N]
+    (windows ordered as ``partition`` orders them); the bias alone when nothing is shifted."""
     if shift is None:
         return bias
     nw, n, _ = shift.shape
+    if bias is not None and bias.shape[0] == num_windows_total:  # one bias per window already
+        return bias + shift.repeat(num_windows_total // nw, 1, 1)[:, None].to(bias.dtype)
     mask = shift[:, None] if bias is None else bias + shift[:, None].to(bias.dtype)  # [nW, heads or 1, N, N]
     b = num_windows_total // nw
     return mask[None].expand(b, *mask.shape).reshape(b * nw, mask.shape[1], n, n)
@@ -143,6 +145,7 @@ class PatchedWindowAttention(nn.Module):
         rotary, bias = ctx.layer(self.layer_idx)
         if rotary is not None:
             q, k = rotary.rotate(q, k)
+        bias = query_mask(bias, q)  # decomposed2d: from each window's queries, before cosine attention's norm
         scale = self.scale
         if self.cosine:  # cosine attention: unit q and k, a learned temperature per head
             temperature = torch.clamp(self.logit_scale, max=math.log(100.0)).exp()  # [heads, 1, 1]
