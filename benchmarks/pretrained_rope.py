@@ -30,10 +30,10 @@ from torch import nn
 
 import vispos
 from train.accuracy import top1
-from train.config import load_config
 from train.data import build_data
 from train.experiment import run_experiment, scheme_folder
 from train.loaders import EvalLoader
+from train.loading import load_config
 from train.models import TIMM_TABLE, timm_kwargs
 from train.runtime import setup, teardown
 

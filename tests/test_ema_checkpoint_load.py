@@ -10,8 +10,8 @@ import torch
 
 import vispos
 from train import checkpoint as ckpt_io
-from train.config import config_from_dict
 from train.experiment import run_experiment
+from train.loading import config_from_dict
 from train.models import timm_kwargs
 from train.testing import tiny_config
 

@@ -15,7 +15,8 @@ import torch
 
 from train import grid_report
 from train.config import ConfigError
-from train.data import DataError, build_data
+from train.data import build_data
+from train.datasets import DataError
 from train.experiment import run_experiment
 from train.grid_tasks import (
     COUNT_MAX,

@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from train.config import ConfigError, DataConfig, ExperimentConfig, TrainConfig, config_from_dict
-from train.data import CorruptImageError, DataBundle, DataError, build_data, find_fashion_mnist, read_idx
+from train.config import ConfigError, DataConfig, ExperimentConfig, TrainConfig
+from train.data import build_data, find_fashion_mnist, read_idx
+from train.datasets import CorruptImageError, DataBundle, DataError
 from train.loaders import EvalLoader, TrainLoader, train_sizes
+from train.loading import config_from_dict
 from train.runtime import Dist
 from train.testing import TINY, make_image_folder
 from train.transforms import canvas_offsets, place_on_canvas

@@ -20,10 +20,11 @@ import yaml
 
 import train
 from train.__main__ import main as train_main
-from train.config import ConfigError, config_from_dict
+from train.config import ConfigError
 from train.engine import SchemeTrainer
 from train.evaluate import main as evaluate_main
 from train.experiment import run_experiment
+from train.loading import config_from_dict
 from train.testing import TINY, _merge, tiny_config
 
 ROOT = Path(train.__file__).resolve().parents[1]

@@ -13,7 +13,8 @@ from timm.scheduler import CosineLRScheduler
 import vispos
 from benchmarks.seq1d.config import config_from_dict as seq1d_config
 from benchmarks.seq1d.runner import lr_at, seed_for
-from train.config import ConfigError, SchemeConfig, TrainConfig, config_from_dict
+from train.config import ConfigError, SchemeConfig, TrainConfig
+from train.loading import config_from_dict
 from train.optim import make_optimizer, make_scheduler
 from train.schedule import warmup_cosine, warmup_steps
 from train.seeds import generator, mix_seed, seeded

@@ -8,10 +8,11 @@ import shlex
 import sys
 
 from .checkpoint import CheckpointError
-from .config import ConfigError, load_config
-from .data import DataError
+from .config import ConfigError
+from .datasets import DataError
 from .engine import NonFiniteLossError, StopRequested
 from .experiment import run_experiment
+from .loading import load_config
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 import vispos
@@ -331,7 +330,7 @@ def _validate_ranges(cfg: ExperimentConfig) -> None:
 
 
 def _validate_data(d: DataConfig) -> None:
-    """What can be known about the data without reading it: statistics, class choices, RandAugment."""
+    """The statistics: positive, one per channel of the dataset (the classes and augmentation: ``train.loading``)."""
     if d.std is not None and not all(s > 0 for s in d.std):
         raise ConfigError(f"data.std must be > 0 per channel, got {d.std}")
     if d.mean is not None and d.std is not None and len(d.mean) != len(d.std):
@@ -340,21 +339,6 @@ def _validate_data(d: DataConfig) -> None:
     if channels is not None and d.mean is not None and len(d.mean) not in channels:
         raise ConfigError(f"data.mean / data.std: {d.dataset} images have {' or '.join(map(str, channels))} "
                           f"channel(s), got {len(d.mean)} values")
-    from .data import FMNIST_CLASSES, DataError, select_classes  # data imports this module
-
-    if d.dataset == "fashion_mnist":
-        try:
-            select_classes(FMNIST_CLASSES, d)
-        except DataError as err:
-            raise ConfigError(f"data: {err}") from None
-    if d.auto_augment is not None:
-        from .transforms import train_transform
-
-        try:
-            train_transform(d.img_size, d.crop_pct, d.augment, d.auto_augment, tuple(d.mean or (0.5,)))
-        except (AssertionError, ValueError, KeyError, IndexError) as err:
-            raise ConfigError(f"data.auto_augment {d.auto_augment!r} is not a timm augmentation string "
-                              f"(e.g. rand-m9-mstd0.5-inc1): {err or type(err).__name__}") from None
 
 
 def check_entry_schemes(schemes: list[SchemeConfig]) -> None:
@@ -405,38 +389,3 @@ def _validate_multires(t: TrainConfig, img_size: int, where: str = "train.sizes 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply ``a.b=value`` strings to raw config data, type-checked against the schema."""
     return schema.apply_overrides(ExperimentConfig, data, overrides, HOOKS)
-
-
-def config_from_dict(data: Any) -> ExperimentConfig:
-    """Fill and validate the schema from plain data; every entry's model is built once on the meta device
-    (``models.preflight``), so what depends on the model (its patch size, a scheme's options) fails here too."""
-    cfg = validate(schema.from_dict(ExperimentConfig, data, "", HOOKS))
-    from .models import preflight  # models imports this module
-
-    _validate_grid_task(cfg, preflight(cfg))
-    return cfg
-
-
-def _validate_grid_task(cfg: ExperimentConfig, patch: int) -> None:
-    """A grid task's training size and, with the canvas protocol (which draws the task afresh at each
-    evaluation size), every evaluation size: whole cells, and at least the grid the task's rule needs."""
-    from .data import DataError  # data imports this module
-    from .grid_tasks import GRID_TASKS, grid_of
-
-    d = cfg.data
-    if d.dataset not in GRID_TASKS:
-        return
-    from .accuracy import eval_sizes  # accuracy -> loaders -> this module
-
-    try:
-        grid_of(d.img_size, "data.img_size", d.dataset)
-        if "canvas" in cfg.eval.protocols:
-            for size in eval_sizes(cfg.eval, d.img_size, patch):
-                grid_of(size, f"eval size {size} px (the canvas protocol draws {d.dataset} at it)", d.dataset)
-    except DataError as err:
-        raise ConfigError(str(err)) from None
-
-
-def load_config(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
-    """Read a YAML config, apply ``key=value`` overrides, validate strictly."""
-    return config_from_dict(apply_overrides(schema.read_yaml(path), overrides or []))

@@ -1,5 +1,5 @@
 """Datasets: Fashion-MNIST from Debian's idx files, ImageNet-style folder trees with subsetting, and the
-generated position tasks of ``train.grid_tasks``.
+generated position tasks of ``train.grid_tasks``, each as a ``train.datasets.DataBundle``.
 
 Both give a training set and a validation set with the same class list. Nothing is copied: a folder
 subset is a list of (path, label) pairs chosen from the tree. Fashion-MNIST is held in memory as
@@ -12,17 +12,15 @@ import functools
 import gzip
 import os
 import struct
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from PIL import Image
 from torch import Tensor
 from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
 
 from .config import DataConfig
-from .seeds import mix_seed, seeded
+from .datasets import DataBundle, DataError, FolderImages, TensorImages
+from .grid_tasks import GRID_TASKS, build_grid_data
 
 FMNIST_DIRS: tuple[str, ...] = ("/usr/share/datasets/fashion-mnist",)
 FMNIST_FILES: dict[str, tuple[str, str]] = {
@@ -35,14 +33,6 @@ FMNIST_CLASSES: list[str] = [
 FMNIST_MEAN, FMNIST_STD = (0.2860,), (0.3530,)
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 INSTALL_HINT = "apt-get install dataset-fashion-mnist"
-
-
-class DataError(RuntimeError):
-    """A dataset is missing, empty or unreadable; the message names the file and the fix."""
-
-
-class CorruptImageError(DataError):
-    """An image file could not be decoded (data.on_corrupt=error)."""
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -155,59 +145,6 @@ def first_per_class(labels: list[int], per_class: int | None) -> list[int]:
 # datasets
 
 
-@dataclass
-class TensorImages:
-    """Images held in memory: uint8 [N, C, H, W] and int64 labels [N]."""
-
-    images: Tensor
-    labels: Tensor
-    # generated datasets: the same set drawn at another image size (px), which the canvas protocol evaluates on
-    at_size: Callable[[int], TensorImages] | None = None
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-
-class FolderImages(torch.utils.data.Dataset):
-    """(path, label) pairs read with PIL; an unreadable file yields None (skip) or raises (error)."""
-
-    def __init__(self, samples: list[tuple[str, int]], *, in_chans: int, on_corrupt: str) -> None:
-        self.samples = samples
-        self.labels = [y for _, y in samples]
-        self.mode = "L" if in_chans == 1 else "RGB"
-        self.on_corrupt = on_corrupt
-        self.transform: Callable[[Image.Image], Tensor] | None = None
-        self.seed: int | None = None  # per-sample augmentation seed base (set per epoch by the loader)
-
-    def __len__(self) -> int:
-        return len(self.samples)
-
-    def load(self, index: int) -> Image.Image | None:
-        path = self.samples[index][0]
-        try:
-            with Image.open(path) as img:
-                return img.convert(self.mode)
-        except Exception as e:  # PIL raises many types for broken files
-            if self.on_corrupt == "error":
-                raise CorruptImageError(
-                    f"cannot read image {path}: {type(e).__name__}: {e} "
-                    "(set data.on_corrupt=skip to skip and count unreadable files)"
-                ) from None
-            return None
-
-    def __getitem__(self, index: int) -> tuple[Tensor, int, str] | tuple[None, int, str]:
-        img = self.load(index)
-        path, label = self.samples[index]
-        if img is None:
-            return None, label, path
-        assert self.transform is not None, "FolderImages.transform is set by the loader"
-        if self.seed is None:
-            return self.transform(img), label, path
-        # augmentation randomness is a function of (seed, epoch, index): the same in any process layout
-        with seeded(mix_seed(self.seed, index)):
-            return self.transform(img), label, path
-
-
 def _folder_split(root: Path, split: str, classes: list[str], cfg: DataConfig, per_class: int | None,
                   in_chans: int) -> FolderImages:
     folder = root / split
@@ -224,28 +161,8 @@ def _folder_split(root: Path, split: str, classes: list[str], cfg: DataConfig, p
     return FolderImages(samples, in_chans=in_chans, on_corrupt=cfg.on_corrupt)
 
 
-@dataclass
-class DataBundle:
-    """Training and validation sets of one experiment, with what the model and transforms need."""
-
-    train: TensorImages | FolderImages
-    val: TensorImages | FolderImages
-    classes: list[str]
-    in_chans: int
-    mean: tuple[float, ...]
-    std: tuple[float, ...]
-    background: tuple[float, ...]  # canvas fill per channel in pixel units when eval.canvas_fill is null
-    canvas: str | None = None  # how the canvas protocol draws its images, when the dataset decides (grid tasks)
-
-    @property
-    def num_classes(self) -> int:
-        return len(self.classes)
-
-
 def build_data(cfg: DataConfig) -> DataBundle:
     """Load and subset the configured dataset."""
-    from .grid_tasks import GRID_TASKS, build_grid_data  # grid_tasks imports this module
-
     if cfg.dataset in GRID_TASKS:
         class_choice = cfg.classes is not None or cfg.class_file is not None or cfg.num_classes is not None
         return build_grid_data(dataset=cfg.dataset, img_size=cfg.img_size, train_per_class=cfg.train_per_class,

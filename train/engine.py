@@ -24,7 +24,7 @@ from tqdm import tqdm
 from . import checkpoint as ckpt_io
 from .accuracy import top1
 from .config import ConfigError, ExperimentConfig, SchemeConfig, scheme_config, to_dict
-from .data import DataBundle
+from .datasets import DataBundle
 from .loaders import Batch, EvalLoader, TrainLoader, train_sizes
 from .models import build_model, patch_size_of, set_positions
 from .optim import make_optimizer, make_scheduler

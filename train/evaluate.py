@@ -19,9 +19,11 @@ import vispos
 from . import checkpoint as ckpt_io
 from .accuracy import eval_sizes, evaluate_model
 from .checkpoint import CheckpointError
-from .config import PROTOCOLS, ConfigError, SchemeConfig, apply_overrides, check_entry_schemes, config_from_dict
-from .data import DataError, build_data
+from .config import PROTOCOLS, ConfigError, SchemeConfig, apply_overrides, check_entry_schemes
+from .data import build_data
+from .datasets import DataError
 from .loaders import EvalLoader
+from .loading import config_from_dict
 from .models import build_model, configure_eval, patch_size_of, set_positions
 from .report import format_tables
 from .results import Accuracy, accuracy_to_json

@@ -25,7 +25,8 @@ from tqdm import tqdm
 from . import checkpoint as ckpt_io
 from .accuracy import eval_sizes, evaluate_model
 from .config import ExperimentConfig, SchemeConfig, scheme_config, to_dict
-from .data import DataBundle, build_data
+from .data import build_data
+from .datasets import DataBundle
 from .engine import train_scheme
 from .finetune import finetune
 from .finetune import fingerprint as finetune_fingerprint

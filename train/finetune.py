@@ -23,7 +23,7 @@ from torch import nn
 
 from . import checkpoint as ckpt_io
 from .config import ExperimentConfig, SchemeConfig, to_dict
-from .data import DataBundle
+from .datasets import DataBundle
 from .engine import NonFiniteLossError, loss_of, wrap
 from .loaders import TrainLoader
 from .optim import make_optimizer, make_scheduler

@@ -26,10 +26,11 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
-from .config import ConfigError, load_config
-from .data import DataError
+from .config import ConfigError
+from .datasets import DataError
 from .experiment import run_experiment
 from .grid_tasks import CONTROLS, GLYPH, classes_of
+from .loading import load_config
 from .results import RunResult
 
 TASKS: tuple[str, ...] = ("grid_lookup", "grid_direction", "grid_placement", "grid_count")

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .data import DataBundle, DataError, TensorImages
+from .datasets import DataBundle, DataError, TensorImages
 from .seeds import mix_seed
 
 GLYPH = 4  # pixels per cell side

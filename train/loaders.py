@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from .config import ConfigError, DataConfig, EvalConfig, TrainConfig
-from .data import DataBundle, FolderImages, TensorImages
+from .datasets import DataBundle, FolderImages, TensorImages
 from .runtime import Dist
 from .seeds import generator, mix_seed
 from .transforms import (

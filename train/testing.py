@@ -9,7 +9,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from .config import ExperimentConfig, config_from_dict
+from .config import ExperimentConfig
+from .loading import config_from_dict
 
 TINY: dict[str, Any] = {
     "name": "tiny",
