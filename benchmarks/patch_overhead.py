@@ -8,7 +8,8 @@ For ``vit_small_patch16_224`` at 224 px (random init): the time of a forward pas
 ``torch.inference_mode()`` (what a user's evaluation sees) and of a training step (forward + backward)
 of the model patched with every 2D scheme, as a ratio to the unpatched timm model, and the SDPA kernel
 each reaches (from the profiler's op names). For comparison, timm's own
-RoPE model (``vit_small_patch16_rope_224``, Eva) and relative-bias model (``vit_relpos_small_patch16_224``)
+RoPE models (``vit_small_patch16_rope_224`` and ``vit_small_patch16_rope_mixed_224``, Eva) and relative-bias model
+(``vit_relpos_small_patch16_224``)
 against themselves with their positional module removed. ``string2d (folded)``: STRING after
 ``fold_string`` (its basis moved into the q/k projections), the form to deploy. Repetitions are
 interleaved (each round times every configuration once) and ratios use per-round medians, so machine
@@ -73,6 +74,8 @@ def _without_timm_positions(name: str) -> nn.Module:
     return model
 
 
+# timm's own positional ViTs, each against itself with its positional module removed
+TIMM_OWN = ("vit_small_patch16_rope_224", "vit_small_patch16_rope_mixed_224", "vit_relpos_small_patch16_224")
 SWIN = "swin_tiny_patch4_window7_224"
 BEIT = "beit_base_patch16_224"
 BEIT_SMALL = {"embed_dim": 384, "num_heads": 6}  # ViT-S's width and heads (timm has no beit_small)
@@ -107,7 +110,7 @@ def configurations(
             configs["vispos string2d (folded)"] = (
                 f"timm {MODEL}", lambda: fold_string(vispos.create_model(MODEL, pos="string2d"))
             )  # fmt: skip
-    for name in ("vit_small_patch16_rope_224", "vit_relpos_small_patch16_224") if "timm" in families else ():
+    for name in TIMM_OWN if "timm" in families else ():
         base = f"{name} without its positions"
         configs[base] = ("", lambda n=name: _without_timm_positions(n))
         configs[f"timm {name}"] = (base, lambda n=name: timm.create_model(n))

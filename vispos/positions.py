@@ -43,6 +43,7 @@ class PositionContext:
     query_scale: torch.Tensor | None = None  # [B, 1, T, 1]: per-token logit scale (log-n, ragged batches)
     caller_mask: bool = False  # the caller gave a mask of its own (a ragged context keeps FlexAttention off)
     grid_tensor: torch.Tensor | None = None  # (H, W) on the device, for FlexAttention's score_mod: made once
+    stacked: Rotary | None = None  # a per-layer rotation evaluated for every layer at once, [layers, ...]
 
     def layer(self, index: int) -> tuple[Rotary | QueryScaled | None, torch.Tensor | None]:
         """(rotation: cos/sin [(heads,) N, d] or None, additive mask [1, heads, N, N] or the caller's mask; a
@@ -390,7 +391,18 @@ class Positions(nn.Module):
             ctx.bias_index = index
             if not self._per_layer:
                 ctx.shared = self._combined(self._prefixed(self.attention, ctx), user)
+            else:
+                ctx.stacked = self._stacked(ctx)
         return ctx
+
+    def _stacked(self, ctx: PositionContext) -> Rotary | None:
+        """Every layer's rotation of a per-layer scheme that evaluates its layers in one go (``stacked``:
+        RoPE-Mixed), prefix rows included; None where the scheme has no such form or declines this grid."""
+        stack = getattr(type(self._module(0)), "stacked", None)
+        if self.attention_kind != "rotary" or stack is None:
+            return None
+        rotation = stack(list(self.attention), ctx.grid, ctx.device)
+        return None if rotation is None else rotation.with_prefix(self.num_prefix_tokens)
 
     def ragged_context(
         self,
@@ -520,6 +532,9 @@ class Positions(nn.Module):
             return None, ctx.user_mask
         if ctx.shared is not None:
             out = ctx.shared
+        elif ctx.stacked is not None:
+            out = ctx.stacked.select(index)
+            out = out if ctx.tokens is None else out.take(ctx.tokens)
         else:
             out = self._combined(self._prefixed(self._module(index), ctx), ctx.user_mask)
         return (out, ctx.user_mask) if self.attention_kind == "rotary" else (None, out)

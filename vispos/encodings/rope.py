@@ -168,6 +168,9 @@ class Rotary:
         cos, sin = pad(self.cos, self.temperature), pad(self.sin, 0.0)
         return replace(self, cos=cos, sin=sin, q_scale=pad(self.q_scale, 1.0), k_scale=pad(self.k_scale, 1.0))
 
+    def select(self, layer: int) -> Rotary:
+        """Layer ``layer`` of rotations stacked over layers (cos/sin [layers, ...], ``Rope2dMixed.stacked``)."""
+        return replace(self, cos=self.cos[layer], sin=self.sin[layer])
 
     def take(self, index: torch.Tensor) -> Rotary:
         """The rotations of a token subset per sample: ``index`` [B, M] into the token axis -> tensors with

@@ -7,6 +7,7 @@ The rotation maths (layouts, ``Rotary``) is shared with 1D RoPE in ``rope.py``.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 
 import torch
@@ -21,6 +22,8 @@ from .rope_scaling import RopeScaling, as_scaling, check_scaling_dim, rope_inv_f
 COORDS: tuple[str, ...] = ("pixel", "normalized")
 AXES: tuple[str, ...] = ("xy", "yx")
 NORMALIZE: tuple[str, ...] = ("separate", "min", "max")
+# RoPE-Mixed evaluates all layers in one product up to this many elements per cos / sin tensor (64 MiB in fp32)
+STACK_LIMIT = 2**24
 
 
 def grid_coords(
@@ -371,6 +374,28 @@ class Rope2dMixed(nn.Module):
         """The rotations of the patches of ``grid``, or of the points ``cells`` [M, 2] (as ``Rope2d``)."""
         angles = expand_angles(self.angles(grid, device, cells), self.layout)  # [heads, HW or M, dim]
         return Rotary(angles.cos(), angles.sin(), self.layout)
+
+    @staticmethod
+    def stacked(layers: Sequence[Rope2dMixed], grid: tuple[int, int], device: torch.device) -> Rotary | None:
+        """Every layer's rotation at once, cos/sin [layers, heads, H*W, dim]: one product of the coordinates with
+        all layers' frequencies, one cos and one sin, instead of a dozen small kernels per layer (timm's
+        RoPE-Mixed batches its layers the same way). The same elementwise maths as ``forward``, so each slice
+        equals that layer's ``forward`` bit for bit. None where a layer must be evaluated on its own: coordinate
+        augmentation in training (each layer draws its own frame), or a grid whose stacked tensors would pass
+        ``STACK_LIMIT`` elements (there the kernels are large and one layer's rotation at a time keeps memory
+        at one layer's)."""
+        first = layers[0]
+        heads, tokens = first.num_heads, grid[0] * grid[1]
+        if len(layers) * heads * tokens * first.dim > STACK_LIMIT:
+            return None
+        if first.training and any(layer.augment.active for layer in layers):
+            return None
+        yx = grid_coords(check_grid(grid), first.coords, device, offset=first.offset)
+        xy = frame_coords(yx, "xy", first.augment, False, first.coords == "normalized")  # [HW, 2]
+        freqs = torch.stack([layer.freqs for layer in layers]).float()[..., None, :]  # [L, 2, heads, 1, d/2]
+        angles = xy[:, 0, None] * freqs[:, 0] + xy[:, 1, None] * freqs[:, 1]  # [L, heads, HW, d/2]
+        angles = expand_angles(angles, first.layout)
+        return Rotary(angles.cos(), angles.sin(), first.layout)
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, num_heads={self.num_heads}, " + describe_options(self, MIXED_DEFAULTS)
