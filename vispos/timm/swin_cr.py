@@ -15,6 +15,12 @@ Inherited (``inherit=True``, the default): each block's ``meta_mlp`` becomes ``c
 the bias with a ``PretrainedPositionsWarning``; ``inherit=False`` starts fresh silently.
 ``set_input_size(img_size=..., window_size=...)`` is timm's, followed by each stage's positions taking the new
 window (``swin.resize_stage``: the log coordinates need no rescaling).
+
+What the adapter touches in timm's Swin V2-CR: ``patch_embed`` (``strict_img_size`` written False, its NCHW output
+permuted), ``stages[i]`` (``downsample``, ``blocks``, ``grad_checkpointing``; not its ``forward``), each block's
+``norm1``, ``norm2``, ``norm3``, ``mlp``, ``drop_path1`` / ``drop_path2``, ``window_size``, ``shift_size``,
+``dim``, ``attn`` (``qkv``, ``proj``, ``logit_scale`` adopted, ``meta_mlp.fc1`` / ``fc2`` / ``drop1`` read; replaced
+by a ``PatchedWindowAttention``); ``set_input_size`` and ``forward_intermediates`` are overridden.
 """
 
 from __future__ import annotations
