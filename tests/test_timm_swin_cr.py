@@ -5,6 +5,7 @@ Reference: timm's own model on the same weights (inheritance, set_input_size, in
 from __future__ import annotations
 
 import copy
+import pickle
 import warnings
 
 import pytest
@@ -112,3 +113,29 @@ def test_forward_intermediates_are_timms():
         for g, w in zip(got, want, strict=True):
             torch.testing.assert_close(g, w, atol=1e-5, rtol=0)
         assert len(model.forward_intermediates(x, indices=[0], stop_early=True, intermediates_only=True)) == 1
+
+
+def test_the_inherited_state_dict_loads_into_cpb2d_with_its_options_and_pickles():
+    """The options recorded are the meta MLP's: a model patched fresh with them takes the inherited weights and gives
+    timm's outputs; deep copy and pickle keep the class and the outputs."""
+    original, model = pair()
+    vispos.patch(model, "cpb2d")
+    _, fresh = pair()
+    vispos.patch(fresh, "cpb2d", inherit=False, **model.vispos_cfg["options"])
+    fresh.load_state_dict(model.state_dict())
+    assert max_diff(original, fresh) <= 1e-5
+    for clone in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+        assert type(clone) is type(model) and max_diff(model, clone) == 0.0
+
+
+def test_fx_feature_extraction():
+    from timm.models import create_feature_extractor
+
+    _, model = pair()
+    vispos.patch(model, "rope2d_mixed", inherit=False)
+    extractor = create_feature_extractor(model, return_nodes={"run_stage": "stage0", "permute_2": "out"})
+    x = torch.randn(1, 3, 56, 56)
+    with torch.no_grad():
+        out = extractor(x)
+        torch.testing.assert_close(out["out"], model.forward_features(x), rtol=0, atol=0)
+        assert out["stage0"].shape == (1, 14, 14, 32)

@@ -29,6 +29,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
+import torch.fx
 from timm.models._features import feature_take_indices
 from timm.models.swin_transformer_v2_cr import SwinTransformerV2Cr
 from torch import nn
@@ -44,6 +45,9 @@ from .window import PatchedWindowAttention
 
 SOURCE = "Swin V2-CR's meta_mlp"
 META_MLP: dict[str, Any] = {"coords": "log", "output": "linear", "out_bias": True}  # the cpb2d it is
+
+torch.fx.wrap("embed_patches")  # torch.fx leaves here too (fx wraps by the calling module's globals)
+torch.fx.wrap("run_stage")
 
 
 class PatchedSwinCr(PositionsHost):
