@@ -230,16 +230,6 @@ def test_scaling_an_inherited_dinov3_acts_in_its_training_frame():
         assert max_difference(original, model, (128, 128)) > 1e-3, kind
 
 
-@pytest.mark.parametrize(
-    ("name", "family"),
-    [("swinv2_cr_tiny_ns_224", r"Swin V2 \(Cr\)")],
-)  # fmt: skip
-def test_models_with_their_own_relative_bias_are_refused_by_name(name, family):
-    model = timm.create_model(name, pretrained=False, num_classes=0, **({"depth": 1} if "swin" not in name else {}))
-    with pytest.raises(TypeError, match=f"{family}.*has a relative position bias of its own"):
-        vispos.patch(model, "rope2d")
-
-
 def test_inherited_dinov3_with_xy_indexing_reproduces_the_original():
     """DINOv3's RoPE with ``rope_grid_indexing="xy"``: timm < 1.0.31 puts y first anyway, 1.0.31 puts x
     first; the inherited axes follow the installed timm, so the features match on either."""

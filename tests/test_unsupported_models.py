@@ -10,7 +10,7 @@ import vispos
 
 EVERY_HOST = (
     r"supports timm VisionTransformer, timm Eva, timm NaFlexVit, timm Beit, timm VisionTransformerRelPos, "
-    r"timm SwinTransformer, timm SwinTransformerV2, timm VisionTransformerSAM "
+    r"timm SwinTransformer, timm SwinTransformerV2, timm SwinTransformerV2Cr, timm VisionTransformerSAM "
     r"\(and subclasses such as DeiT\)"
 )
 
@@ -20,20 +20,13 @@ def test_an_unsupported_class_is_told_every_supported_one() -> None:
         vispos.patch(torch.nn.Linear(3, 3), "rope2d")
 
 
-def test_a_model_with_its_own_relative_bias_is_told_every_supported_one() -> None:
-    model = timm.create_model("swinv2_cr_tiny_ns_224", pretrained=False, depths=(1, 1, 1, 1), embed_dim=32,
-                              num_heads=(1, 1, 1, 1))
-    own = r"SwinTransformerV2Cr \(Swin V2 \(Cr\)\) has a relative position bias .*"
-    with pytest.raises(TypeError, match=own + EVERY_HOST):
-        vispos.patch(model, "rope2d")
-
-
 def test_every_model_the_message_names_is_patched() -> None:
-    """The names come from the classes patch accepts: NaFlexVit, BEiT, relpos ViT, Swin, Swin V2 and SAM are patched."""
+    """The names come from the classes patch accepts: NaFlexVit, BEiT, relpos ViT, Swin, Swin V2, V2-CR and SAM are
+    patched."""
     for name in ("naflexvit_base_patch16_gap", "beit_base_patch16_224", "vit_relpos_small_patch16_224"):
         model = timm.create_model(name, pretrained=False, depth=1, embed_dim=64, num_heads=2)
         assert vispos.patch(model, "relbias2d") is model and hasattr(model, "vispos")
-    for name in ("swin_tiny_patch4_window7_224", "swinv2_tiny_window8_256"):
+    for name in ("swin_tiny_patch4_window7_224", "swinv2_tiny_window8_256", "swinv2_cr_tiny_ns_224"):
         model = timm.create_model(name, pretrained=False, depths=(1,), num_heads=(2,), embed_dim=32, img_size=64)
         assert vispos.patch(model, "rope2d", inherit=False) is model and hasattr(model, "vispos")
     model = timm.create_model("samvit_base_patch16_224", pretrained=False, depth=1, embed_dim=64, num_heads=2)

@@ -17,6 +17,8 @@
   (``SwinPositions``: additive schemes at the patch embedding, attention schemes per stage on window-local
   coordinates, shared by the windows and blocks of a stage, the shifted-window mask kept); Swin's tables inherited
   as ``relbias2d``, Swin V2's ``cpb_mlp`` as ``cpb2d``.
+- ``swin_cr.py``: Swin V2-CR (``SwinTransformerV2Cr``) on the Swin host's positions and stages: NCHW between
+  stages, each block's ``meta_mlp`` inherited as ``cpb2d(coords="log", output="linear", out_bias=True)``.
 - ``sam.py``: the SAM image encoder (``VisionTransformerSAM``) as a host of its own (``PatchedSam``): NHWC
   windowed and global blocks, its per-block decomposed tables inherited as ``decomposed2d``, ``pos_embed`` as
   ``learned2d``.
@@ -35,11 +37,11 @@ What the adapter touches in timm, and what for:
 - Classes accepted (``isinstance``): ``timm.models.vision_transformer.VisionTransformer``,
   ``timm.models.eva.Eva``, ``naflexvit.NaFlexVit``, ``beit.Beit``,
   ``vision_transformer_relpos.VisionTransformerRelPos``, ``swin_transformer.SwinTransformer``,
-  ``swin_transformer_v2.SwinTransformerV2``, ``vision_transformer_sam.VisionTransformerSAM`` (models);
+  ``swin_transformer_v2.SwinTransformerV2``, ``swin_transformer_v2_cr.SwinTransformerV2Cr``,
+  ``vision_transformer_sam.VisionTransformerSAM`` (models);
   ``vision_transformer.Attention``, ``timm.layers.AttentionRope``, ``eva.EvaAttention``, ``beit.Attention``,
-  ``vision_transformer_relpos.RelPosAttention``, Swin's and Swin V2's ``WindowAttention``, SAM's ``Attention``
-  (attentions replaced).
-  Refused by class name: ``SwinTransformerV2Cr``.
+  ``vision_transformer_relpos.RelPosAttention``, Swin's and Swin V2's ``WindowAttention``, Swin V2-CR's
+  ``WindowMultiHeadAttention``, SAM's ``Attention`` (attentions replaced).
 - BEiT (``beit.py``): blocks called as ``block(x, shared_rel_pos_bias=...)`` (the context travels there); read:
   ``blocks[i].attn.relative_position_bias_table`` ([(2H-1)(2W-1) + 3, heads], ``gen_relative_position_index``'s
   layout), ``rel_pos_bias.relative_position_bias_table``, ``pos_embed``, ``cls_token``, ``patch_embed.grid_size``;

@@ -28,6 +28,7 @@ from timm.models.eva import Eva
 from timm.models.naflexvit import NaFlexVit
 from timm.models.swin_transformer import SwinTransformer
 from timm.models.swin_transformer_v2 import SwinTransformerV2
+from timm.models.swin_transformer_v2_cr import SwinTransformerV2Cr
 from timm.models.vision_transformer import VisionTransformer
 from timm.models.vision_transformer_relpos import VisionTransformerRelPos
 from timm.models.vision_transformer_sam import VisionTransformerSAM
@@ -41,13 +42,14 @@ from .naflex import patch_naflex
 from .relpos import patch_relpos
 from .sam import patch_sam
 from .swin import patch_swin
+from .swin_cr import patch_swin_cr
 from .vit import patch_vit
 
-# NaFlexVit, Beit, VisionTransformerRelPos, SwinTransformer(V2), VisionTransformerSAM: hosts of their own
-# (naflex.py, beit.py, relpos.py, swin.py, sam.py)
+# NaFlexVit, Beit, VisionTransformerRelPos, SwinTransformer(V2, V2Cr), VisionTransformerSAM: hosts of their own
+# (naflex.py, beit.py, relpos.py, swin.py, swin_cr.py, sam.py)
 SUPPORTED_MODELS: tuple[type, ...] = (
     VisionTransformer, Eva, NaFlexVit, Beit, VisionTransformerRelPos, SwinTransformer, SwinTransformerV2,
-    VisionTransformerSAM,
+    SwinTransformerV2Cr, VisionTransformerSAM,
 )  # fmt: skip
 SUPPORTED = ", ".join(f"timm {c.__name__}" for c in SUPPORTED_MODELS) + " (and subclasses such as DeiT)"
 
@@ -55,19 +57,7 @@ SUPPORTED = ", ".join(f"timm {c.__name__}" for c in SUPPORTED_MODELS) + " (and s
 # --- patch ----------------------------------------------------------------------------------------
 
 
-# timm families whose attention carries a relative position bias of its own (not replaced by vispos)
-OWN_RELATIVE_BIAS: dict[str, str] = {
-    "SwinTransformerV2Cr": "Swin V2 (Cr)",
-}
-
-
 def _check_model(model: nn.Module) -> None:
-    own_bias = OWN_RELATIVE_BIAS.get(type(model).__name__)
-    if own_bias is not None:
-        raise TypeError(
-            f"timm {type(model).__name__} ({own_bias}) has a relative position bias of its own inside every "
-            f"attention layer, which vispos does not replace; vispos.patch supports {SUPPORTED}"
-        )
     if not isinstance(model, SUPPORTED_MODELS):
         raise TypeError(f"vispos.patch supports {SUPPORTED}; got {type(model).__name__}")
     if isinstance(model, PatchedViT):
@@ -115,6 +105,8 @@ def patch(
         return patch_relpos(model, pos, inherit=inherit, **options)
     if isinstance(model, (SwinTransformer, SwinTransformerV2)):  # windowed attention: its own host
         return patch_swin(model, pos, inherit=inherit, **options)
+    if isinstance(model, SwinTransformerV2Cr):  # Swin V2 laid out otherwise (NCHW stages, meta_mlp): its own host
+        return patch_swin_cr(model, pos, inherit=inherit, **options)
     if isinstance(model, VisionTransformerSAM):  # its own host: NHWC windows, per-block decomposed relative tables
         return patch_sam(model, pos, inherit=inherit, **options)
     _check_model(model)

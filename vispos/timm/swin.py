@@ -37,6 +37,7 @@ from timm.layers import resize_rel_pos_bias_table
 from timm.models._features import feature_take_indices
 from timm.models.swin_transformer import SwinTransformer
 from timm.models.swin_transformer_v2 import SwinTransformerV2, SwinTransformerV2Block
+from timm.models.swin_transformer_v2_cr import SwinTransformerV2CrBlock
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -118,14 +119,16 @@ def windowed_attention(block: nn.Module, x: torch.Tensor, ctx: PositionContext, 
 
 
 def block_forward(block: nn.Module, x: torch.Tensor, ctx: PositionContext, mask: torch.Tensor | None):
-    """One Swin block on x [B, H, W, C]: pre-norm residuals (Swin), or res-post-norm (Swin V2: norm after attention
-    and MLP)."""
+    """One Swin block on x [B, H, W, C]: pre-norm residuals (Swin), or res-post-norm (Swin V2 and V2-CR: norm after
+    attention and MLP; V2-CR's ``norm3`` on the main branch after both)."""
     b, h, w, c = x.shape
-    post = isinstance(block, SwinTransformerV2Block)
+    post = isinstance(block, (SwinTransformerV2Block, SwinTransformerV2CrBlock))
     y = windowed_attention(block, x if post else block.norm1(x), ctx, mask)
     x = x + block.drop_path1(block.norm1(y) if post else y)
     x = x.reshape(b, h * w, c)
     x = x + block.drop_path2(block.norm2(block.mlp(x)) if post else block.mlp(block.norm2(x)))
+    if isinstance(block, SwinTransformerV2CrBlock):
+        x = block.norm3(x)
     return x.reshape(b, h, w, c)
 
 

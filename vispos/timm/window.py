@@ -19,13 +19,15 @@ import torch
 import torch.nn.functional as F
 from timm.models.swin_transformer import WindowAttention as SwinWindowAttention
 from timm.models.swin_transformer_v2 import WindowAttention as SwinV2WindowAttention
+from timm.models.swin_transformer_v2_cr import WindowMultiHeadAttention as SwinV2CrWindowAttention
 from torch import nn
 
 from ..attention import query_mask, sdpa
 from ..positions import PositionContext
 from .attention import require_context
 
-WINDOW_ATTENTION: tuple[type, ...] = (SwinWindowAttention, SwinV2WindowAttention)
+WINDOW_ATTENTION: tuple[type, ...] = (SwinWindowAttention, SwinV2WindowAttention, SwinV2CrWindowAttention)
+COSINE_ATTENTION: tuple[type, ...] = (SwinV2WindowAttention, SwinV2CrWindowAttention)
 SHIFT_MASK_VALUE = -100.0  # Swin's value for pairs from different regions (not -inf: a fully masked row stays finite)
 
 
@@ -86,11 +88,12 @@ def window_mask(bias: torch.Tensor | None, shift: torch.Tensor | None, num_windo
 
 
 class PatchedWindowAttention(nn.Module):
-    """Drop-in for timm's Swin and Swin V2 ``WindowAttention``: timm's projections, vispos's positions.
+    """Drop-in for timm's Swin and Swin V2 ``WindowAttention`` and Swin V2-CR's ``WindowMultiHeadAttention``:
+    timm's projections, vispos's positions.
 
     It adopts the original's projections under their names (``qkv``, ``proj``; Swin V2's ``q_bias`` /
     ``v_bias``, ``k_bias`` buffer and ``logit_scale``), so their state dict keys are timm's; the position
-    tables (``relative_position_bias_table``, ``cpb_mlp``) are not adopted: they live in ``model.vispos``.
+    tables (``relative_position_bias_table``, ``cpb_mlp``, ``meta_mlp``) are not adopted: they live in ``model.vispos``.
     Swin V2's cosine attention stays: q and k are normalised and the logits multiplied by
     ``exp(min(logit_scale, ln 100))`` per head (a rotation keeps norms, so rotating before or after is the same).
     Called as timm's blocks call it, ``attn(windows, mask=shift_mask)``, plus the stage's context ``ctx``.
@@ -101,7 +104,7 @@ class PatchedWindowAttention(nn.Module):
         if not isinstance(original, WINDOW_ATTENTION):
             names = ", ".join(f"{c.__module__}.{c.__name__}" for c in WINDOW_ATTENTION)
             raise TypeError(f"attention {type(original).__name__} is not supported; supported: {names}")
-        self.cosine = isinstance(original, SwinV2WindowAttention)
+        self.cosine = isinstance(original, COSINE_ATTENTION)
         self.qkv, self.proj = original.qkv, original.proj
         self.attn_drop, self.proj_drop = original.attn_drop, original.proj_drop
         self.num_heads: int = original.num_heads
@@ -111,8 +114,9 @@ class PatchedWindowAttention(nn.Module):
         self.window_size: tuple[int, int] = tuple(original.window_size)
         self.layer_idx = layer_idx  # within its stage
         if self.cosine:
+            self.logit_scale = original.logit_scale  # [heads, 1, 1] (Swin V2), [heads] (Swin V2-CR)
+        if isinstance(original, SwinV2WindowAttention):  # Swin V2-CR's qkv holds its own bias
             self.qkv_bias_separate: bool = original.qkv_bias_separate
-            self.logit_scale = original.logit_scale  # [heads, 1, 1]
             self.q_bias, self.v_bias = original.q_bias, original.v_bias
             self.register_buffer("k_bias", original.k_bias, persistent=False)
         else:
@@ -148,7 +152,7 @@ class PatchedWindowAttention(nn.Module):
         bias = query_mask(bias, q)  # decomposed2d: from each window's queries, before cosine attention's norm
         scale = self.scale
         if self.cosine:  # cosine attention: unit q and k, a learned temperature per head
-            temperature = torch.clamp(self.logit_scale, max=math.log(100.0)).exp()  # [heads, 1, 1]
+            temperature = torch.clamp(self.logit_scale.view(-1, 1, 1), max=math.log(100.0)).exp()  # [heads, 1, 1]
             q, k, scale = F.normalize(q, dim=-1) * temperature, F.normalize(k, dim=-1), 1.0
         dropout_p = self.attn_drop.p if self.training else 0.0
         attn_mask = window_mask(bias, mask, b)
