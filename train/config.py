@@ -104,6 +104,10 @@ class TrainConfig:
     cutmix: float = 0.0  # cutmix alpha; 0: off
     precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
     compile: bool = False
+    # how processes share the model (train.parallel): ddp, a full replica on each; fsdp, FSDP2 shards of each
+    # block's parameters, gradients and optimiser state, with sharded checkpoints (torch.distributed.checkpoint)
+    strategy: Literal["ddp", "fsdp"] = "ddp"
+    activation_checkpointing: bool = False  # recompute each block's activations in the backward pass (timm's)
     checkpoint_every: int = 100  # steps between mid-epoch checkpoints (0: only at epoch ends)
     log_every: int = 50  # steps between plain progress lines when stderr is not a terminal (0: none)
     val_every_epoch: bool = True  # accuracy at the training resolution after each epoch (CSV log)
@@ -254,6 +258,9 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
             raise ConfigError(f"{key} must be >= 1 or null, got {val}")
     if d.auto_augment is not None and d.dataset != "folder":
         raise ConfigError("data.auto_augment (RandAugment on PIL images) applies to folder datasets only")
+    if t.strategy == "fsdp" and (t.ema or cfg.finetune.size is not None):
+        raise ConfigError("train.strategy=fsdp shards the model; train.ema (a full copy on every process) and "
+                          "finetune (a full copy trained after the run) need train.strategy=ddp")
     if t.mixup < 0 or t.cutmix < 0:
         raise ConfigError(f"train.mixup and train.cutmix are alphas >= 0 (0: off), got {t.mixup}, {t.cutmix}")
     if (d.mean is None) != (d.std is None):
