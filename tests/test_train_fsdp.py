@@ -102,6 +102,14 @@ def test_fsdp_kill_and_resume_is_exact_and_converts(tmp_path: Path, images: dict
     ours.load_state_dict(_full(tmp_path / "ref" / "rope2d" / "checkpoint.pt"))  # the uninterrupted run's
     x = torch.randn(2, 3, 16, 16)
     torch.testing.assert_close(model(x), ours(x), rtol=0, atol=0)
+    # the .pt form is a trainer checkpoint: train.evaluate reproduces the run's accuracy from it
+    from train.evaluate import main as evaluate_main
+
+    convert(tmp_path / "cut" / "rope2d" / "checkpoint.pt", tmp_path / "rope2d.pt")
+    again = tmp_path / "again.json"
+    assert evaluate_main(["--checkpoint", str(tmp_path / "rope2d.pt"), "--sizes", "16", "--quiet", "--out",
+                          str(again)]) == 0
+    assert json.loads(again.read_text())["accuracy"]["rope2d"] == got["schemes"]["rope2d"]["accuracy"]
 
 
 def _full(path: Path) -> dict[str, Any]:
