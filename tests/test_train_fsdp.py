@@ -106,6 +106,9 @@ def test_fsdp_kill_and_resume_is_exact_and_converts(tmp_path: Path, images: dict
     from train.evaluate import main as evaluate_main
 
     convert(tmp_path / "cut" / "rope2d" / "checkpoint.pt", tmp_path / "rope2d.pt")
+    plain = torch.load(tmp_path / "rope2d.pt", weights_only=True)
+    assert plain["shards"] is None and plain["model"].keys() == ours.state_dict().keys()
+    assert all(torch.equal(v, ours.state_dict()[k]) for k, v in plain["model"].items())
     again = tmp_path / "again.json"
     assert evaluate_main(["--checkpoint", str(tmp_path / "rope2d.pt"), "--sizes", "16", "--quiet", "--out",
                           str(again)]) == 0
