@@ -125,9 +125,12 @@ def fingerprint(cfg: ExperimentConfig, scheme: SchemeConfig) -> dict[str, Any]:
     """What determines the trained weights; a checkpoint is resumed only when this matches."""
     cfg = scheme_config(cfg, scheme)
     data = {k: v for k, v in to_dict(cfg.data).items() if k != "workers"}
-    train = {k: v for k, v in to_dict(cfg.train).items() if k not in ("checkpoint_every", "compile", "log_every")}
+    train = {k: v for k, v in to_dict(cfg.train).items() if k not in ("checkpoint_every", "compile", "log_every",
+                                                                           "activation_checkpointing")}
     if not cfg.train.ema:  # the EMA settings matter only when it is on (runs made before it keep their fingerprint)
         train = {k: v for k, v in train.items() if not k.startswith("ema")}
+    if cfg.train.strategy == "ddp":  # likewise the strategy: a DDP run's checkpoint is one file, an FSDP run's sharded
+        train.pop("strategy")
     sch = {k: v for k, v in to_dict(scheme).items() if k in ("pos", "options", "drope")}
     return {"seed": cfg.seed, "data": data, "model": to_dict(cfg.model), "train": train, "scheme": sch}
 

@@ -18,16 +18,17 @@ import torch
 import torch.nn.functional as F
 from timm.utils import ModelEmaV3
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from . import checkpoint as ckpt_io
+from . import sharded
 from .accuracy import top1
 from .config import ConfigError, ExperimentConfig, SchemeConfig, scheme_config, to_dict
 from .datasets import DataBundle
 from .loaders import Batch, EvalLoader, TrainLoader, train_sizes
 from .models import build_model, patch_size_of, set_positions
 from .optim import make_optimizer, make_scheduler
+from .parallel import shard, wrap
 from .results import TrainSummary
 from .runtime import Runtime
 from .seeds import mix_seed, seed_everything
@@ -65,16 +66,6 @@ class Progress:
 def size_counts(sizes: list[int]) -> str:
     """How often each training size was drawn, for the log: '16:20 20:19 28:39'."""
     return " ".join(f"{s}:{sizes.count(s)}" for s in sorted(set(sizes)))
-
-
-def wrap(model: nn.Module, cfg: ExperimentConfig, rt: Runtime, *, unused_parameters: bool = False) -> nn.Module:
-    """The module the forward pass runs through: compiled and / or DDP-wrapped as configured."""
-    if cfg.train.compile:
-        model = torch.compile(model)  # type: ignore[assignment]
-    if rt.distributed:
-        device_ids = [rt.device.index] if rt.device.type == "cuda" else None
-        model = DistributedDataParallel(model, device_ids=device_ids, find_unused_parameters=unused_parameters)
-    return model
 
 
 def loss_of(logits: torch.Tensor, y: torch.Tensor, target: torch.Tensor, label_smoothing: float) -> torch.Tensor:
@@ -117,6 +108,9 @@ class SchemeTrainer:
         # timm's EMA (as train.py --model-ema), a copy of the model averaged after every optimiser step
         self.ema = ModelEmaV3(self.model, decay=cfg.train.ema_decay, use_warmup=cfg.train.ema_warmup) \
             if cfg.train.ema else None
+        self.fsdp = cfg.train.strategy == "fsdp"
+        if self.fsdp:  # before the optimiser: it holds the shards
+            shard(self.model, cfg.train, rt)
         self.opt = make_optimizer(self.model, cfg.train)
         sizes = train_sizes(cfg.train, cfg.data.img_size, patch_size_of(self.model))
         self.loader = TrainLoader(data, cfg.data, batch_size=cfg.train.batch_size, seed=cfg.seed, dist=rt.dist,
@@ -145,7 +139,10 @@ class SchemeTrainer:
                 f"{self.path} was trained with a different config (differs in: {', '.join(diff)}); "
                 "set resume=false to start it over, or choose another out_dir"
             )
-        self.model.load_state_dict(ck["model"])
+        if self.fsdp:  # a sharded checkpoint: each process reads its shards of the weights and optimiser state
+            sharded.load(self.model, self.opt, self.folder / ck["shards"])
+        else:
+            self.model.load_state_dict(ck["model"])
         if self.ema is not None:  # the fingerprint includes train.ema: the checkpoint holds the EMA
             self.ema.module.load_state_dict(ck["ema"])
         pos = ck["position"]
@@ -155,7 +152,8 @@ class SchemeTrainer:
             if self.drope_start is not None:
                 self._positions_off()
             return True
-        self.opt.load_state_dict(ck["optimizer"])
+        if not self.fsdp:
+            self.opt.load_state_dict(ck["optimizer"])
         self.sched.load_state_dict(ck["scheduler"])
         ckpt_io.set_rng_state(ck["rng"])
         self.log(f"[{self.scheme.name}] resuming from {self.path} at epoch {pos['epoch'] + 1}, step {pos['step']}")
@@ -165,19 +163,23 @@ class SchemeTrainer:
         return self.progress.seconds + (time.time() - self.started if self.started is not None else 0.0)
 
     def _save(self, epoch: int, step: int, finished: bool) -> None:
-        p, data = self.progress, self.data
+        p, data, gstep = self.progress, self.data, epoch * self.steps + step
+        shards = sharded.save(self.model, self.opt, self.folder, gstep, self.rt) if self.fsdp else None
         if self.rt.is_main:
             ckpt_io.atomic_save({
-                "format": ckpt_io.FORMAT, "model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
+                "format": ckpt_io.FORMAT, "shards": shards, "model": None if shards else self.model.state_dict(),
+                "optimizer": None if shards else self.opt.state_dict(),
                 "ema": None if self.ema is None else self.ema.module.state_dict(),
                 "scheduler": self.sched.state_dict(), "rng": ckpt_io.rng_state(),
-                "position": {"epoch": epoch, "step": step, "global_step": epoch * self.steps + step},
+                "position": {"epoch": epoch, "step": step, "global_step": gstep},
                 "epoch_sums": list(p.sums), "history": p.history, "skipped": p.skipped, "finished": finished,
                 "sizes_drawn": list(p.drawn),
                 "seconds": self._seconds(), "fingerprint": self.fingerprint, "config": to_dict(self.cfg),
                 "scheme": to_dict(self.scheme), "classes": list(data.classes), "in_chans": data.in_chans,
                 "mean": list(data.mean), "std": list(data.std), "background": list(data.background),
             }, self.path)
+            if shards:
+                sharded.prune(self.folder, shards)
         self.rt.barrier()
 
     # -- training
@@ -188,7 +190,7 @@ class SchemeTrainer:
         pos_params = getattr(self.model, "vispos", None)
         unused = self.drope_start is not None and pos_params is not None and any(
             p.requires_grad for p in pos_params.parameters())
-        return wrap(self.model, self.cfg, self.rt, unused_parameters=unused)
+        return wrap(self.model, self.cfg.train, self.rt, unused_parameters=unused)
 
     def _mixup(self) -> Callable[..., tuple[torch.Tensor, torch.Tensor]] | None:
         t = self.cfg.train
@@ -291,8 +293,20 @@ class SchemeTrainer:
 
     @property
     def evaluated(self) -> nn.Module:
-        """The weights evaluated: the EMA's with train.ema, else the model's own."""
+        """The weights evaluated: the EMA's with train.ema, an unsharded copy with fsdp, else the model's own."""
+        if self.fsdp:
+            return self._full_copy()
         return self.model if self.ema is None else self.ema.module
+
+    def _full_copy(self) -> nn.Module:
+        """An fsdp model's weights gathered into a plain model on every process (evaluation runs it alone)."""
+        cfg, data = self.cfg, self.data
+        model = build_model(cfg.model, self.scheme, img_size=cfg.data.img_size, num_classes=data.num_classes,
+                            in_chans=data.in_chans, seed=cfg.seed)
+        model.load_state_dict(sharded.full_model_state(self.model))
+        if not self.positions_on:
+            set_positions(model, False)
+        return model.to(self.rt.device)
 
     def _positions_off(self) -> None:
         """DroPE: the scheme switched off in the model and its EMA."""

@@ -19,7 +19,7 @@ import vispos
 from . import checkpoint as ckpt_io
 from .accuracy import eval_sizes, evaluate_model
 from .checkpoint import CheckpointError
-from .config import PROTOCOLS, ConfigError, SchemeConfig, apply_overrides, check_entry_schemes
+from .config import PROTOCOLS, ConfigError, SchemeConfig, apply_overrides
 from .data import build_data
 from .datasets import DataError
 from .loaders import EvalLoader
@@ -28,6 +28,7 @@ from .models import build_model, configure_eval, patch_size_of, set_positions
 from .report import format_tables
 from .results import Accuracy, accuracy_to_json
 from .runtime import setup, teardown
+from .validation import check_entry_schemes
 
 CHECKPOINT = "checkpoint.pt"  # the file a scheme folder holds (engine.SchemeTrainer.path)
 

@@ -43,6 +43,7 @@ from .results import (
     combine_seeds,
 )
 from .runtime import Runtime, main_first, setup, teardown
+from .sharded import full_state
 
 Log = Callable[[str], None]
 
@@ -187,7 +188,10 @@ class Experiment:
         if not ck["finished"]:
             raise ckpt_io.CheckpointError(f"{path} is not a finished training run; rerun the config to finish it")
         model = self._model(base)
-        model.load_state_dict(ck["model"] if ck.get("ema") is None else ck["ema"])  # the EMA's with train.ema
+        if ck.get("shards"):  # an fsdp run's: its weights read from the shard folder
+            model.load_state_dict(full_state(path.parent / ck["shards"]))
+        else:
+            model.load_state_dict(ck["model"] if ck.get("ema") is None else ck["ema"])  # the EMA's with train.ema
         if base.drope > 0:
             set_positions(model, False)
         return model.to(self.rt.device)

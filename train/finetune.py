@@ -24,9 +24,10 @@ from torch import nn
 from . import checkpoint as ckpt_io
 from .config import ExperimentConfig, SchemeConfig, to_dict
 from .datasets import DataBundle
-from .engine import NonFiniteLossError, loss_of, wrap
+from .engine import NonFiniteLossError, loss_of
 from .loaders import TrainLoader
 from .optim import make_optimizer, make_scheduler
+from .parallel import wrap
 from .runtime import Runtime
 from .seeds import mix_seed, seed_everything
 
@@ -56,7 +57,7 @@ def finetune(cfg: ExperimentConfig, scheme: SchemeConfig, model: nn.Module, data
     sched = make_scheduler(opt, settings, ft.steps)
     loader = TrainLoader(data, cfg.data, batch_size=ft.batch_size or cfg.train.batch_size, seed=cfg.seed,
                          dist=rt.dist, sizes=[ft.size])
-    forward = wrap(tuned, cfg, rt)
+    forward = wrap(tuned, cfg.train, rt)
     tuned.train()
     done, epoch, sums = 0, cfg.train.epochs, torch.zeros(2, dtype=torch.float64)
     while done < ft.steps:

@@ -10,12 +10,13 @@ from typing import Any
 
 from . import schema
 from .accuracy import eval_sizes
-from .config import HOOKS, ConfigError, DataConfig, ExperimentConfig, apply_overrides, validate
+from .config import HOOKS, ConfigError, DataConfig, ExperimentConfig, apply_overrides
 from .data import FMNIST_CLASSES, select_classes
 from .datasets import DataError
 from .grid_tasks import GRID_TASKS, grid_of
 from .models import preflight
 from .transforms import train_transform
+from .validation import validate
 
 
 def config_from_dict(data: Any) -> ExperimentConfig:
