@@ -4,7 +4,8 @@ Layout (one idea per module; only ``vispos.timm`` imports timm, only ``vispos.hf
 
 - ``registry``: scheme name -> builder with its properties as data; ``encodings/``: the catalogue,
   one file per family, each scheme registered beside its class.
-- ``attention``: SDPA / Shaw maths; ``positions``: the per-forward positional context of a 2D model;
+- ``attention``: SDPA / Shaw maths; ``positions/``: the per-forward positional context of a 2D model
+  (the context, the settings record, context building, per-layer masks, token embedding);
   ``layers``: sequence attention with any 1D scheme; ``configure``: RoPE and log-n scaling, on/off
   switch, for any module tree; ``drope``: the DroPE schedule.
 - ``api``: ``patch`` for any host; ``host``: what the adapters share (scheme planning, building
