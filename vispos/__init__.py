@@ -19,7 +19,7 @@ from __future__ import annotations
 from . import diagnostics, drope, layers
 from .api import patch
 from .configure import configure, set_position_enabled
-from .encodings.rope_scaling import SCALING_TYPES, RopeScaling
+from .encodings.rope_scaling_setting import SCALING_TYPES, RopeScaling
 from .host import PretrainedPositionsWarning
 from .registry import SchemeInfo, create_encoding, describe, get_info, list_encodings
 from .timm import create_model

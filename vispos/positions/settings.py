@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from .._state import encode, options_as_written, read
-from ..encodings.rope_scaling import canonical_scaling
+from ..encodings.rope_scaling_setting import canonical_scaling
 from ..registry import get_info
 
 
