@@ -176,7 +176,7 @@ def test_relative_schemes_stay_relative_at_fractional_offsets(entry: str | tuple
 def test_rope2d_at_half_cells_equals_its_linear_scaling_at_twice_the_grid() -> None:
     """Position interpolation by 2 turns cell y by the angle of y / 2: rope2d at the points (y / 2, x / 2)
     of a 3 x 4 image is rope2d with linear scaling at the 6 x 8 grid (vispos's scaling, tested against
-    the papers' formulas in tests/test_rope_scaling.py)."""
+    the papers' formulas in tests/test_rope_scaling_formulas.py)."""
     plain = Rope2d(dim=32, theta=100.0)
     scaled = Rope2d(dim=32, theta=100.0, scaling="linear", train_grid=(3, 4))
     expected = scaled((6, 8))
