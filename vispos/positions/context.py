@@ -10,7 +10,8 @@ from torch import nn
 
 from ..attention import FlexBias
 from ..encodings.rope import Rotary
-from ..ragged import QueryScaled, RaggedLayout
+from ..ragged import RaggedLayout
+from ..ragged_apply import QueryScaled
 
 
 @dataclass

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from .._validate import check_grid
-from ..ragged import ragged_conditional
+from ..ragged_apply import ragged_conditional
 from .context import PositionContext
 
 

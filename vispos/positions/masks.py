@@ -10,7 +10,7 @@ from torch import nn
 from ..attention import FlexBias, combine_masks, offset_score_mod
 from ..encodings.relbias import bias_mask, prefixed_offset_index, with_prefix_entries
 from ..encodings.rope import Rotary
-from ..ragged import QueryScaled, concat_rotations
+from ..ragged_apply import QueryScaled, concat_rotations
 from .context import PositionContext
 
 
