@@ -11,7 +11,8 @@ import torch
 import vispos
 from vispos.encodings.alibi import alibi_slopes
 from vispos.encodings.learned import resample_table_2d
-from vispos.encodings.relbias import log_spaced_offsets, relative_index_2d, resize_bias_table
+from vispos.encodings.relbias import log_spaced_offsets, relative_index_2d
+from vispos.encodings.relbias_resize import resize_bias_table
 
 HEADS, HEAD_DIM = 2, 16
 

@@ -20,7 +20,7 @@ import vispos
 from vispos.encodings.rope2d import Rope2d
 from vispos.timm.model import PREFIX_TOKENS
 
-ONE_GRID = ("decomposed2d",)  # refuses ragged batches, and so points (tests/test_ragged.py)
+ONE_GRID = ("decomposed2d",)  # refuses ragged batches, and so points (tests/test_decomposed2d.py)
 SCHEMES_2D = [*(s for s in vispos.list_encodings(2) if s not in ONE_GRID), ["learned2d", "relbias2d"]]
 AT_POINTS = [s for s in vispos.list_encodings(2) if s not in ("relbias2d", "peg2d", "nope", *ONE_GRID)]
 CELLS_ONLY = ["relbias2d", "peg2d"]
@@ -116,7 +116,7 @@ def images(net: torch.nn.Module, points: bool) -> list[tuple[torch.Tensor, torch
 @pytest.mark.parametrize("pos", SCHEMES_2D, ids=ids)
 def test_whole_number_points_equal_integer_cells(pos: str | list[str]) -> None:
     """Floating coordinates at whole numbers take the per-point path (or, for relbias2d and peg2d, become
-    cells); either way the outputs are those of the integer cells, which tests/test_ragged.py proves equal
+    cells); either way the outputs are those of the integer cells, which tests/test_ragged_alone.py proves equal
     to each image run alone."""
     net = make(pos)
     ints = images(net, points=False)
@@ -176,7 +176,7 @@ def test_relative_schemes_stay_relative_at_fractional_offsets(entry: str | tuple
 def test_rope2d_at_half_cells_equals_its_linear_scaling_at_twice_the_grid() -> None:
     """Position interpolation by 2 turns cell y by the angle of y / 2: rope2d at the points (y / 2, x / 2)
     of a 3 x 4 image is rope2d with linear scaling at the 6 x 8 grid (vispos's scaling, tested against
-    the papers' formulas in tests/test_rope_scaling.py)."""
+    the papers' formulas in tests/test_rope_scaling_formulas.py)."""
     plain = Rope2d(dim=32, theta=100.0)
     scaled = Rope2d(dim=32, theta=100.0, scaling="linear", train_grid=(3, 4))
     expected = scaled((6, 8))

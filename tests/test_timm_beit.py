@@ -17,7 +17,8 @@ from timm.models.beit import checkpoint_filter_fn
 from torch.export import Dim
 
 import vispos
-from vispos.encodings.relbias import RelBias2d, resize_bias_table_geometric
+from vispos.encodings.relbias import RelBias2d
+from vispos.encodings.relbias_resize import resize_bias_table_geometric
 
 # BEiT's positional configurations: per-layer bias (beit_*, beitv2_*), shared bias, either with an absolute table,
 # both biases at once (timm adds them)

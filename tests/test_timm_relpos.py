@@ -16,7 +16,8 @@ from timm.layers.pos_embed_rel import gen_relative_log_coords
 from torch.export import Dim
 
 import vispos
-from vispos.encodings.relbias import log_offsets, log_spaced_offsets, offsets_2d, resize_table
+from vispos.encodings.relbias import log_offsets, log_spaced_offsets, offsets_2d
+from vispos.encodings.relbias_resize import resize_table
 from vispos.timm import PretrainedPositionsWarning
 
 IMG = 64  # 16 px patches: a 4 x 4 grid

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.token_subsets import draw_sizes, main, patchify, ragged_batch
+from benchmarks.ragged_batches import draw_sizes, patchify, ragged_batch
+from benchmarks.token_subsets import main
 
 
 def test_token_subsets_dry_run_writes_every_configuration(tmp_path: Path) -> None:

@@ -4,7 +4,8 @@ Layout (one idea per module; only ``vispos.timm`` imports timm, only ``vispos.hf
 
 - ``registry``: scheme name -> builder with its properties as data; ``encodings/``: the catalogue,
   one file per family, each scheme registered beside its class.
-- ``attention``: SDPA / Shaw maths; ``positions``: the per-forward positional context of a 2D model;
+- ``attention``: SDPA / Shaw maths; ``positions/``: the per-forward positional context of a 2D model
+  (the context, the settings record, context building, per-layer masks, token embedding);
   ``layers``: sequence attention with any 1D scheme; ``configure``: RoPE and log-n scaling, on/off
   switch, for any module tree; ``drope``: the DroPE schedule.
 - ``api``: ``patch`` for any host; ``host``: what the adapters share (scheme planning, building
@@ -18,7 +19,7 @@ from __future__ import annotations
 from . import diagnostics, drope, layers
 from .api import patch
 from .configure import configure, set_position_enabled
-from .encodings.rope_scaling import SCALING_TYPES, RopeScaling
+from .encodings.rope_scaling_setting import SCALING_TYPES, RopeScaling
 from .host import PretrainedPositionsWarning
 from .registry import SchemeInfo, create_encoding, describe, get_info, list_encodings
 from .timm import create_model

@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from .encodings.rope_scaling import SCALING_TYPES
+from .encodings.rope_scaling_setting import SCALING_TYPES
 from .registry import describe
 
 

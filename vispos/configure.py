@@ -16,7 +16,7 @@ from torch import nn
 
 from ._validate import check_bool, check_choice, check_grid
 from .drope import set_enabled
-from .encodings.rope_scaling import RopeScaling
+from .encodings.rope_scaling_setting import RopeScaling
 from .positions import Positions, plain
 from .registry import list_encodings
 

@@ -11,7 +11,7 @@ from ._state import decode, encode
 from ._validate import check_bool, check_float, check_int, check_positions
 from .attention import as_float_mask, combine_masks, sdpa, shaw_attention
 from .encodings.alibi import causal_mask
-from .encodings.rope_scaling import fold_scaling_fields
+from .encodings.rope_scaling_setting import fold_scaling_fields
 from .registry import build_in_context, get_info
 
 

@@ -1,0 +1,154 @@
+"""Each layer's share of the context: the attention scheme's rotation or additive bias mask (prefix tokens
+included, gathered for a token subset or per token of a ragged batch), or its bias as FlexAttention takes it."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..attention import FlexBias, combine_masks, offset_score_mod
+from ..encodings.relbias import bias_mask, prefixed_offset_index, with_prefix_entries
+from ..encodings.rope import Rotary
+from ..ragged_apply import QueryScaled, concat_rotations
+from .context import PositionContext
+
+
+class LayerOutputs:
+    """What ``PositionContext.layer`` and ``PositionContext.flex`` return (a mixin of ``Positions``)."""
+
+    @property
+    def attention_backend(self) -> str:
+        """``"sdpa"`` (default) or ``"flex"`` (relative biases through FlexAttention), as ``configure`` set it."""
+        return self.settings.get("attention", "sdpa")
+
+    def _prefixed(self, module: nn.Module, ctx: PositionContext) -> Rotary | torch.Tensor:
+        """One scheme module's output for all tokens, prefix tokens first: rotations with identity rows for
+        them, or a bias mask [1, heads, P + HW, P + HW] (4-D: SDPA's fused CPU kernel refuses 3-D masks).
+        A bias with per-offset values is gathered straight into the mask (``bias_mask``), so building it
+        holds little more than the mask itself. A token subset (``ctx.tokens`` [B, M]) takes its rows:
+        rotations [B, heads or 1, M, d], masks [B, heads, M, M], gathered without the full mask."""
+        grid, device, tokens = ctx.grid, ctx.device, ctx.tokens
+        if ctx.ragged is not None:
+            return self._gathered(module, ctx)
+        if self.attention_kind in ("rotary", "query_bias"):  # a rotation, or a bias awaiting the queries
+            out = module(grid, device).with_prefix(self.num_prefix_tokens)
+            return out if tokens is None else out.take(tokens)
+        if ctx.bias_index is not None:  # [P + HW, P + HW], or the subset's [B, M, M]
+            mask = bias_mask(module.offset_bias(grid, device), getattr(module, "prefix_bias", None), ctx.bias_index)
+            return mask[None] if tokens is None else mask.transpose(0, 1)
+        mask = self._with_prefix(module(grid, device), module)  # [heads, P + HW, P + HW]
+        if tokens is None:
+            return mask[None]
+        return mask[:, tokens[:, :, None], tokens[:, None, :]].transpose(0, 1)  # [B, heads, M, M]
+
+    def _gathered(self, module: nn.Module, ctx: PositionContext) -> Rotary | torch.Tensor:
+        """A ragged batch: the module at each distinct grid size, gathered per token: rotations [B, heads or 1,
+        T, d] from one table of every size's rows, bias masks [B, heads, T, T] from one table of every size's
+        per-offset values (``ctx.bias_index``)."""
+        layout, p = ctx.ragged, self.num_prefix_tokens
+        if layout.fractional:  # at each token's point (``RaggedLayout.points``), not at every cell
+            if self.attention_kind == "rotary":
+                rows = [
+                    module(size, ctx.device, cells=layout.yx[here]).with_prefix(p)
+                    for size, here in zip(layout.sizes, layout.points(), strict=True)
+                ]
+                return concat_rotations(rows).take(layout.point_index(p))
+            return layout.pair_mask(module.pair_bias(layout.offsets()), getattr(module, "prefix_bias", None))
+        if self.attention_kind == "rotary":
+            rows = [module(size, ctx.device).with_prefix(p) for size in layout.sizes]
+            return concat_rotations(rows).take(layout.table_index(p))
+        if ctx.bias_index is None:  # FlexAttention was set, but this layer runs SDPA (CPU training)
+            ctx.bias_index = layout.offset_index()
+        return bias_mask(self._size_offsets(module, ctx), getattr(module, "prefix_bias", None), ctx.bias_index
+                         ).transpose(0, 1)  # fmt: skip
+
+    @staticmethod
+    def _size_offsets(module: nn.Module, ctx: PositionContext) -> torch.Tensor:
+        """A ragged batch's per-offset bias values [heads, sum over sizes of (2H-1)(2W-1)], sizes in turn."""
+        return torch.cat([module.offset_bias(size, ctx.device).flatten(1) for size in ctx.ragged.sizes], dim=1)
+
+    def _with_prefix(self, bias: torch.Tensor, module: nn.Module) -> torch.Tensor:
+        """Patch bias [heads, HW, HW] -> [heads, P + HW, P + HW], for a bias scheme without ``offset_bias``.
+        Prefix rows and columns take the scheme's ``prefix_bias`` [3, heads] or zero."""
+        p = self.num_prefix_tokens
+        entries = getattr(module, "prefix_bias", None)
+        if entries is None:
+            return F.pad(bias, (p, 0, p, 0))
+        heads, n, _ = bias.shape
+        to_patch, from_patch, among = (e.to(bias.dtype)[:, None, None] for e in entries)  # [heads, 1, 1] each
+        top = torch.cat((among.expand(heads, p, p), to_patch.expand(heads, p, n)), dim=-1)  # [heads, P, P + HW]
+        bottom = torch.cat((from_patch.expand(heads, n, p), bias), dim=-1)  # [heads, HW, P + HW]
+        return torch.cat((top, bottom), dim=-2)
+
+    def _bias_index(self, grid: tuple[int, int], device: torch.device) -> torch.Tensor | None:
+        """The gather index of the bias masks, built once per forward and shared by every layer."""
+        if self.attention_kind != "bias" or not hasattr(self._module(0), "offset_bias"):
+            return None
+        return prefixed_offset_index(grid, self.num_prefix_tokens, device)
+
+    @property
+    def _per_layer(self) -> bool:
+        return isinstance(self.attention, nn.ModuleList)
+
+    def _module(self, index: int) -> nn.Module:
+        return self.attention[index] if self._per_layer else self.attention
+
+    def layer(self, ctx: PositionContext, index: int) -> tuple[Rotary | QueryScaled | None, torch.Tensor | None]:
+        """Layer ``index``'s rotation and additive mask (prefix tokens included); with a per-token logit scale
+        (``ctx.query_scale``), the rotation is a ``QueryScaled`` that also scales q."""
+        rotary, mask = self._layer(ctx, index)
+        return (rotary, mask) if ctx.query_scale is None else (QueryScaled(rotary, ctx.query_scale), mask)
+
+    def _stacked(self, ctx: PositionContext) -> Rotary | None:
+        """Every layer's rotation of a per-layer scheme that evaluates its layers in one go (``stacked``:
+        RoPE-Mixed), prefix rows included; None where the scheme has no such form or declines this grid."""
+        stack = getattr(type(self._module(0)), "stacked", None)
+        if self.attention_kind != "rotary" or stack is None:
+            return None
+        rotation = stack(list(self.attention), ctx.grid, ctx.device)
+        return None if rotation is None else rotation.with_prefix(self.num_prefix_tokens)
+
+    def _layer(self, ctx: PositionContext, index: int) -> tuple[Rotary | None, torch.Tensor | None]:
+        if ctx.ragged is not None and ctx.user_mask is None and self._flex_ready(ctx):
+            if not ctx.ragged.one_image_per_row():  # set for FlexAttention, run through SDPA: its mask, once
+                ctx.user_mask = ctx.ragged.structure_mask()
+        if not self.enabled or self.attention is None:
+            return None, ctx.user_mask
+        if ctx.shared is not None:
+            out = ctx.shared
+        elif ctx.stacked is not None:
+            out = ctx.stacked.select(index)
+            out = out if ctx.tokens is None else out.take(ctx.tokens)
+        else:
+            out = self._combined(self._prefixed(self._module(index), ctx), ctx.user_mask)
+        return (out, ctx.user_mask) if self.attention_kind == "rotary" else (None, out)
+
+    def _flex_ready(self, ctx: PositionContext) -> bool:
+        """FlexAttention is on and applies: an enabled relative bias on the whole grid or on a ragged batch of
+        cells, no mask from the caller."""
+        on = self.attention_backend == "flex" and self.enabled and self.attention_kind == "bias"
+        if ctx.ragged is not None:
+            return on and not ctx.caller_mask and not ctx.ragged.fractional
+        return on and ctx.user_mask is None and ctx.tokens is None
+
+    def flex(self, ctx: PositionContext, index: int) -> FlexBias | None:
+        """Layer ``index``'s bias for FlexAttention (``PositionContext.flex``); None when SDPA is used."""
+        if not self._flex_ready(ctx):
+            return None
+        module, layout = self._module(index), ctx.ragged
+        entries = getattr(module, "prefix_bias", None)
+        if layout is None:
+            values = with_prefix_entries(module.offset_bias(ctx.grid, ctx.device), entries)
+            if ctx.grid_tensor is None:  # one host-to-device copy per forward, not per layer
+                ctx.grid_tensor = torch.tensor(ctx.grid, device=ctx.device)
+            return FlexBias(offset_score_mod(values, ctx.grid_tensor, self.num_prefix_tokens), sized=((values, 1),))
+        values = with_prefix_entries(self._size_offsets(module, ctx), entries)
+        score_mod, sized = layout.flex_score_mod(values)  # padding and other images hidden by the score_mod
+        return FlexBias(score_mod, None, sized)
+
+    def _combined(self, out: Rotary | torch.Tensor, user: torch.Tensor | None) -> Rotary | torch.Tensor:
+        """A bias mask plus the caller's mask (a rotation is returned as it is)."""
+        if self.attention_kind == "query_bias":
+            return out.plus(user)
+        return out if self.attention_kind == "rotary" else combine_masks(out, user)
