@@ -15,7 +15,7 @@ import torch
 from timm.layers.pos_embed_sincos import RotaryEmbeddingCat, RotaryEmbeddingDinoV3, RotaryEmbeddingMixed
 
 from vispos import create_encoding
-from vispos.encodings.rope2d import CoordAugment
+from vispos.encodings.coords2d import CoordAugment
 
 GRIDS = [(4, 4), (3, 5), (6, 2)]
 # timm < 1.0.31's RotaryEmbeddingDinoV3 puts y first whatever its grid_indexing and requires a temperature

@@ -21,7 +21,7 @@ from torch import nn
 import vispos
 from vispos.diagnostics import cross_term, layer_logits, scheme_logits, translation_error
 from vispos.encodings.comrope import axis_partition_mask
-from vispos.encodings.rope2d import grid_coords
+from vispos.encodings.coords2d import grid_coords
 from vispos.encodings.rotary_nd import GOLDEN_ANGLE, axial_freqs, golden_freqs
 from vispos.encodings.string import fold_string, skew_part
 

@@ -23,8 +23,8 @@ from .._state import decode, encode
 from .._validate import check_bool, check_choice, check_dim, check_float, check_grid, check_int
 from ..registry import register
 from ._cache import InferenceCache
+from .coords2d import grid_coords
 from .rope import Rotary
-from .rope2d import grid_coords
 
 # patch coordinates of the block-rotation schemes: ``liere`` linspace(0, n / n_train, n) per axis (LieRE);
 # ``unit`` patch centres (i + 0.5) / n in [0, 1] (ComRoPE); ``normalized`` centres in [-1, 1];

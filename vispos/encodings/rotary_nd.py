@@ -25,8 +25,8 @@ from torch import nn
 
 from .._validate import check_bool, check_choice, check_dim, check_float, check_grid, check_int
 from ..registry import register
+from .coords2d import COORDS, CoordAugment, frame_coords, grid_coords
 from .rope import LAYOUTS, Rotary, expand_angles
-from .rope2d import COORDS, CoordAugment, frame_coords, grid_coords
 from .rope_scaling import rope_inv_freq
 
 GOLDEN_ANGLE: float = math.pi * (3.0 - math.sqrt(5.0))  # 2 pi / phi^2, about 137.5 degrees

@@ -21,8 +21,9 @@ from torch import nn
 from .._validate import check_choice, check_dim, check_float, check_int
 from ..registry import register
 from ._cache import InferenceCache
+from .coords2d import COORDS, CoordAugment
 from .rope import LAYOUTS, RFFT, Rotary, expand_angles
-from .rope2d import COORDS, CoordAugment, Rope2dMixed
+from .rope2d import Rope2dMixed
 from .rotary_nd import _coords, axial_freqs, golden_freqs, linear_angles
 
 FREQS: tuple[str, ...] = ("mixed", "axial", "golden")
