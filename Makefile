@@ -9,7 +9,7 @@ FMNIST := /usr/share/datasets/fashion-mnist
 TIMM_MIN := $(shell sed -n 's/^ *"timm>=\([0-9.]*\)".*/\1/p' pyproject.toml)
 TRANSFORMERS_MIN := $(shell sed -n 's/^hf = \["transformers>=\([0-9.]*\)".*/\1/p' pyproject.toml)
 
-.PHONY: test test-min test-hf-min wheel-check demo lint describe fmnist clean
+.PHONY: timm-tests test test-min test-hf-min wheel-check demo lint describe fmnist clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -70,3 +70,13 @@ lint: $(VENV)/.installed
 
 clean:
 	rm -rf $(VENV) $(VENV)-min $(VENV)-wheel dist runs .pytest_cache
+
+# timm's own model tests (tests/test_models.py of a pytorch-image-models checkout at TIMM_SRC, unmodified) on
+# patched Swin, Swin V2, BEiT, relpos ViT, ViT and Eva models: benchmarks/timm_suite/plugin.py.
+VISPOS_SCHEME ?= inherit
+# torchscript tests are left out: vispos does not support torch.jit.script (docs/patching.md).
+TIMM_K ?= (test_model_forward or test_model_forward_fx or test_model_forward_intermediates) and not torchscript \
+  and (swin_tiny or swinv2_tiny or beit_base_patch16_224 or vit_relpos_small or vit_tiny_patch16_224 or eva02_tiny)
+timm-tests:
+	cd $(TIMM_SRC) && VISPOS_SCHEME=$(VISPOS_SCHEME) PYTHONPATH=$(CURDIR) $(abspath $(PY)) -m pytest -q \
+	  -p benchmarks.timm_suite.plugin tests/test_models.py -k "$(TIMM_K)"
