@@ -54,12 +54,7 @@ def test_torch_export_with_dynamic_sizes_matches_eager_at_other_sizes(name: str,
             torch.testing.assert_close(program(x), m(x), rtol=1e-5, atol=1e-5)
 
 
-ONNX_CASES = [*CASES[:-1], pytest.param(*CASES[-1], marks=pytest.mark.xfail(strict=True, reason=(
-    "ONNX decomposition: Swin V2's transpose-reshape of the attention output (vispos/timm/window.py) is lowered "
-    "to a view of a non-contiguous tensor under symbolic sizes; .contiguous() does not help")))]  # fmt: skip
-
-
-@pytest.mark.parametrize(("name", "scheme"), ONNX_CASES, ids=IDS)
+@pytest.mark.parametrize(("name", "scheme"), CASES, ids=IDS)
 def test_onnx_export_runs_in_onnxruntime_at_other_sizes(name: str, scheme: str, tmp_path) -> None:  # noqa: ANN001
     pytest.importorskip("onnxscript")
     ort = pytest.importorskip("onnxruntime")

@@ -157,5 +157,8 @@ class PatchedWindowAttention(nn.Module):
         dropout_p = self.attn_drop.p if self.training else 0.0
         attn_mask = window_mask(bias, mask, b)
         out = sdpa(q, k, v, mask=attn_mask, fused=self.fused_attn, scale=scale * ctx.logit_scale, dropout_p=dropout_p)
-        out = out.transpose(1, 2).reshape(b, n, self.num_heads * self.head_dim)  # [B * nW, N, C]
+        out = out.transpose(1, 2)  # [B * nW, N, heads, head_dim]
+        if torch.compiler.is_exporting():  # with symbolic sizes, export would lower the reshape to an invalid view
+            out = out.clone(memory_format=torch.contiguous_format)
+        out = out.reshape(b, n, self.num_heads * self.head_dim)  # [B * nW, N, C]
         return self.proj_drop(self.proj(out))
