@@ -14,7 +14,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from .config import SchemeConfig
+from ..config.sections import SchemeConfig
 
 Accuracy = dict[str, dict[int, float]]  # protocol -> evaluation size (px) -> top-1 accuracy (%)
 
