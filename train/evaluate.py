@@ -30,7 +30,7 @@ from .evaluation.results import Accuracy, accuracy_to_json
 from .experiment.loading import config_from_dict
 from .runtime.process import setup, teardown
 
-CHECKPOINT = "checkpoint.pt"  # the file a scheme folder holds (engine.SchemeTrainer.path)
+CHECKPOINT = "checkpoint.pt"  # the file a scheme folder holds (train.engine.trainer.SchemeTrainer.path)
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:

@@ -29,7 +29,7 @@ def accuracy_from_json(data: dict[str, dict[str, float]]) -> Accuracy:
 
 @dataclass
 class TrainSummary:
-    """How training one scheme went; ``history`` holds one row per epoch (engine.LOG_FIELDS)."""
+    """How training one scheme went; ``history`` holds one row per epoch (train.engine.trainer.LOG_FIELDS)."""
 
     seconds: float
     epochs: int

@@ -1,8 +1,9 @@
 """One experiment: train every scheme under identical settings, evaluate each, write the report.
 
 Config in, ``RunResult`` out: ``run_experiment`` builds the data and the runtime, trains each entry
-(``engine``), evaluates it (``accuracy``; cached per entry in eval.json), fine-tunes it at the target
-size when configured (``finetune``; cached in finetune.json), and writes the run folder (``report``).
+(``train.engine.trainer``), evaluates it (``train.evaluation.accuracy``; cached per entry in eval.json),
+fine-tunes it at the target size when configured (``train.engine.finetune``; cached in finetune.json), and
+writes the run folder (``train.evaluation.report``).
 With ``seeds``, the whole run is repeated in ``seed_<k>/`` sub-folders and the run folder gets their
 means and standard deviations (``results.combine_seeds``).
 """
