@@ -29,13 +29,13 @@ import torch
 from torch import nn
 
 import vispos
-from train.accuracy import top1
-from train.data import build_data
-from train.experiment import run_experiment, scheme_folder
-from train.loaders import EvalLoader
-from train.loading import load_config
-from train.models import TIMM_TABLE, timm_kwargs
-from train.runtime import setup, teardown
+from train.data.loaders import EvalLoader
+from train.data.sources import build_data
+from train.engine.models import TIMM_TABLE, timm_kwargs
+from train.evaluation.accuracy import top1
+from train.experiment.loading import load_config
+from train.experiment.run import run_experiment, scheme_folder
+from train.runtime.process import setup, teardown
 
 # (row, configure() settings; None: timm's model as it is, unpatched)
 RECIPES: list[tuple[str, dict[str, Any] | None]] = [

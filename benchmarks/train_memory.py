@@ -1,7 +1,7 @@
 """Per-process training memory of ViT-B/16 (rope2d) under DDP and FSDP2, measured in one run.
 
 Two CPU processes (gloo) build ``vit_base_patch16_224`` patched with rope2d (random weights), wrap it as
-``train.strategy`` does (``train.parallel``), take one AdamW step and count the bytes of the tensors each
+``train.strategy`` does (``train.runtime.parallel``), take one AdamW step and count the bytes of the tensors each
 process holds: parameters, gradients and optimiser state, a DTensor counted by its local shard
 (``to_local()``), not the process's RSS. Prints the bytes per rank and the FSDP / DDP ratio.
 
@@ -21,9 +21,9 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 import vispos
-from train.config import TrainConfig
-from train.parallel import shard, wrap
-from train.runtime import Dist, Runtime
+from train.config.sections import TrainConfig
+from train.runtime.parallel import shard, wrap
+from train.runtime.process import Dist, Runtime
 
 WORLD = 2
 PARTS = ("parameters", "gradients", "optimizer")

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 import vispos
-from train.report import write_outputs
-from train.results import RunResult
+from train.evaluation.report import write_outputs
+from train.evaluation.results import RunResult
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 import vispos
-from train import checkpoint as ckpt_io
-from train.experiment import run_experiment
-from train.loading import config_from_dict
-from train.models import timm_kwargs
+from train.engine import checkpoint as ckpt_io
+from train.engine.models import timm_kwargs
+from train.experiment.loading import config_from_dict
+from train.experiment.run import run_experiment
 from train.testing import tiny_config
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from train.grid_tasks import COUNT_MAX, COUNT_RADIUS, generate, render
+from train.data.grid_tasks import COUNT_MAX, COUNT_RADIUS, generate, render
 
 ART = {  # the glyphs written out again (row-major, '#' on): the decoder must not share the generator's bank
     "hbar": "....########....", "vbar": ".##..##..##..##.", "diag": "##..###..###..##",

@@ -14,11 +14,9 @@ import pytest
 import torch
 
 from train import grid_report
-from train.config import ConfigError
-from train.data import build_data
-from train.datasets import DataError
-from train.experiment import run_experiment
-from train.grid_tasks import (
+from train.config.sections import ConfigError
+from train.data.datasets import DataError
+from train.data.grid_tasks import (
     COUNT_MAX,
     COUNT_RADIUS,
     DIRECTIONS,
@@ -28,10 +26,12 @@ from train.grid_tasks import (
     PLACEMENT_REGIONS,
     generate,
 )
-from train.loaders import EvalLoader
-from train.runtime import Dist
+from train.data.loaders import EvalLoader
+from train.data.sources import build_data
+from train.data.transforms import normalize, resize
+from train.experiment.run import run_experiment
+from train.runtime.process import Dist
 from train.testing import tiny_config
-from train.transforms import normalize, resize
 
 ART = {  # the glyphs, written out again: the decoder below must not share the generator's bank
     "hbar": "....########....", "vbar": ".##..##..##..##.", "diag": "##..###..###..##",

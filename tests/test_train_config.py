@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from train.__main__ import main as train_main
-from train.config import ConfigError, SchemeConfig, apply_overrides
-from train.loading import config_from_dict, load_config
+from train.config.sections import ConfigError, SchemeConfig, apply_overrides
+from train.experiment.loading import config_from_dict, load_config
 
 BASE = {"name": "t", "schemes": ["rope2d"], "eval": {"sizes": [28, 56]}, "model": {"patch_size": 4}}
 

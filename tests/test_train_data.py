@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from train.config import ConfigError, DataConfig, ExperimentConfig, TrainConfig
-from train.data import build_data, find_fashion_mnist, read_idx
-from train.datasets import CorruptImageError, DataBundle, DataError
-from train.loaders import EvalLoader, TrainLoader, train_sizes
-from train.loading import config_from_dict
-from train.runtime import Dist
+from train.config.sections import ConfigError, DataConfig, ExperimentConfig, TrainConfig
+from train.data.datasets import CorruptImageError, DataBundle, DataError
+from train.data.loaders import EvalLoader, TrainLoader, train_sizes
+from train.data.sources import build_data, find_fashion_mnist, read_idx
+from train.data.transforms import canvas_offsets, place_on_canvas
+from train.experiment.loading import config_from_dict
+from train.runtime.process import Dist
 from train.testing import TINY, make_image_folder
-from train.transforms import canvas_offsets, place_on_canvas
 
 
 def train_loader(data: DataBundle, cfg: ExperimentConfig) -> TrainLoader:
@@ -198,7 +198,7 @@ def test_multires_sizes_come_from_the_set_or_every_patch_multiple_of_the_range()
 
 
 def test_rrc_flip_crops_inside_the_image_within_the_area_range_and_never_upsizes_the_batch() -> None:
-    from train.transforms import RRC_SCALE, resized_crop_batch, resized_crop_boxes
+    from train.data.transforms import RRC_SCALE, resized_crop_batch, resized_crop_boxes
 
     boxes = resized_crop_boxes(500, 28, 28, torch.Generator().manual_seed(0))
     areas = [bh * bw / 28**2 for _, _, bh, bw in boxes]

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 
-from train.experiment import run_experiment
+from train.experiment.run import run_experiment
 from train.testing import tiny_config
 
 SECTIONS = {"schemes": ["rope2d"], "train": {"epochs": 2, "batch_size": 40, "sizes": [16, 20, 28]},

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from train import checkpoint as ckpt_io
-from train.config import ConfigError
-from train.engine import StopRequested
+from train.config.sections import ConfigError
+from train.engine import checkpoint as ckpt_io
+from train.engine.trainer import StopRequested
 from train.evaluate import main as evaluate_main
-from train.experiment import run_experiment
+from train.experiment.run import run_experiment
 from train.testing import tiny_config
 
 # 200 images / batch 40 = 5 steps per epoch, 2 epochs; checkpoints every 2 steps and at epoch ends

@@ -20,11 +20,11 @@ import yaml
 
 import train
 from train.__main__ import main as train_main
-from train.config import ConfigError
-from train.engine import SchemeTrainer
+from train.config.sections import ConfigError
+from train.engine.trainer import SchemeTrainer
 from train.evaluate import main as evaluate_main
-from train.experiment import run_experiment
-from train.loading import config_from_dict
+from train.experiment.loading import config_from_dict
+from train.experiment.run import run_experiment
 from train.testing import TINY, _merge, tiny_config
 
 ROOT = Path(train.__file__).resolve().parents[1]
@@ -337,7 +337,7 @@ def test_ctrl_c_during_a_checkpoint_write_lands_after_the_file_is_in_place(tmp_p
     """SIGINT may reach any thread while torch.save runs; the write finishes, then the interrupt is raised."""
     import threading
 
-    from train.checkpoint import atomic_save
+    from train.engine.checkpoint import atomic_save
 
     target = tmp_path / "checkpoint.pt"
     timer = threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT))  # sent from another thread

@@ -14,8 +14,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from train.config import ConfigError
-from train.experiment import run_experiment
+from train.config.sections import ConfigError
+from train.experiment.run import run_experiment
 from train.testing import make_image_folder, tiny_config
 
 SCHEMES = ["rope2d", "rope2d_mixed", "relbias2d", "learned2d"]
@@ -34,7 +34,7 @@ def _free_port() -> int:
 def _worker(rank: int, world: int, port: int, out_dir: str, sections: dict[str, Any], stop: bool) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
-    from train.engine import StopRequested
+    from train.engine.trainer import StopRequested
 
     try:
         run_experiment(tiny_config(out_dir, **sections))
@@ -92,7 +92,7 @@ def test_fsdp_kill_and_resume_is_exact_and_converts(tmp_path: Path, images: dict
     out = tmp_path / "rope2d.safetensors"
     convert(tmp_path / "cut" / "rope2d" / "checkpoint.pt", out)
     import vispos
-    from train.models import build_model
+    from train.engine.models import build_model
 
     cfg = tiny_config(tmp_path / "x", data=images)
     model = vispos.create_model("vit_base_patch16_224", pos="rope2d", checkpoint_path=str(out), pretrained=False,
@@ -116,7 +116,7 @@ def test_fsdp_kill_and_resume_is_exact_and_converts(tmp_path: Path, images: dict
 
 
 def _full(path: Path) -> dict[str, Any]:
-    from train.sharded import full_state
+    from train.engine.sharded import full_state
 
     return full_state(path.parent / torch.load(path, weights_only=True)["shards"])
 

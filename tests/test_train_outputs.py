@@ -13,8 +13,8 @@ from PIL import Image
 import vispos
 from train.__main__ import main as train_main
 from train.evaluate import main as evaluate_main
-from train.experiment import run_experiment
-from train.results import RunResult
+from train.evaluation.results import RunResult
+from train.experiment.run import run_experiment
 from train.testing import tiny_config
 
 Run = tuple[Path, RunResult]
@@ -108,8 +108,8 @@ def test_evaluate_names_a_file_that_is_not_a_checkpoint(content: bytes, tmp_path
 
 
 def test_variant_really_switches_scaling_on(run: Run) -> None:
-    from train.config import SchemeConfig
-    from train.models import build_model, configure_eval
+    from train.config.sections import SchemeConfig
+    from train.engine.models import build_model, configure_eval
 
     out, _ = run
     cfg = tiny_config(out, schemes=SCHEMES, model={"embed_dim": 48, "num_heads": 3})
@@ -183,8 +183,8 @@ def test_reports_draw_without_pyplot(run: Run, tmp_path: Path) -> None:
         "import json, sys\n"
         "from pathlib import Path\n"
         "from benchmarks.seq1d.__main__ import main\n"
-        "from train.report import write_outputs\n"
-        "from train.results import RunResult\n"
+        "from train.evaluation.report import write_outputs\n"
+        "from train.evaluation.results import RunResult\n"
         "write_outputs(RunResult.from_json(json.loads(Path(sys.argv[1]).read_text())), Path(sys.argv[2]))\n"
         "assert main(['--config', sys.argv[3], 'out_dir=' + sys.argv[2] + '/seq1d']) == 0\n"
         "assert 'matplotlib.pyplot' not in sys.modules, 'pyplot was imported'\n"

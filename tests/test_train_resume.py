@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from train.engine import NonFiniteLossError, StopRequested
-from train.experiment import run_experiment
+from train.engine.trainer import NonFiniteLossError, StopRequested
+from train.experiment.run import run_experiment
 from train.testing import tiny_config
 
 # 200 images / batch 40 = 5 steps per epoch, 2 epochs; checkpoints every 2 steps and at epoch ends
@@ -68,7 +68,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path: Path) -> No
 def test_changed_config_refuses_to_resume(tmp_path: Path) -> None:
     with pytest.raises(StopRequested):
         run_experiment(tiny_config(tmp_path, debug={"stop_after_steps": 3}))
-    from train.config import ConfigError
+    from train.config.sections import ConfigError
 
     with pytest.raises(ConfigError, match=r"different config \(differs in: train\.lr\)"):
         run_experiment(tiny_config(tmp_path, train={"lr": 1e-3}))

@@ -13,11 +13,11 @@ from timm.scheduler import CosineLRScheduler
 import vispos
 from benchmarks.seq1d.config import config_from_dict as seq1d_config
 from benchmarks.seq1d.runner import lr_at, seed_for
-from train.config import ConfigError, SchemeConfig, TrainConfig
-from train.loading import config_from_dict
-from train.optim import make_optimizer, make_scheduler
-from train.schedule import warmup_cosine, warmup_steps
-from train.seeds import generator, mix_seed, seeded
+from train.config.sections import ConfigError, SchemeConfig, TrainConfig
+from train.engine.optim import make_optimizer, make_scheduler
+from train.engine.schedule import warmup_cosine, warmup_steps
+from train.experiment.loading import config_from_dict
+from train.runtime.seeds import generator, mix_seed, seeded
 
 BASE = {"name": "t", "schemes": ["rope2d"], "eval": {"sizes": [28, 56]}, "model": {"patch_size": 4}}
 
@@ -85,7 +85,7 @@ def test_schedule_cosine_phase_is_timms_and_only_the_warm_up_differs() -> None:
 
 
 def test_one_seed_rule_reproduces_every_previous_mixing() -> None:
-    # train/loaders.py's generator keys, the folder dataset's epoch seed and sample seed, seq1d's seed_for
+    # train/data/loaders.py's generator keys, the folder dataset's epoch seed and sample seed, seq1d's seed_for
     old_fold = 0
     for key in (3, 5, 11):
         old_fold = (old_fold * 1_000_003 + key) % (2**62)

@@ -7,12 +7,12 @@ import os
 import shlex
 import sys
 
-from .checkpoint import CheckpointError
-from .config import ConfigError
-from .datasets import DataError
-from .engine import NonFiniteLossError, StopRequested
-from .experiment import run_experiment
-from .loading import load_config
+from .config.sections import ConfigError
+from .data.datasets import DataError
+from .engine.checkpoint import CheckpointError
+from .engine.trainer import NonFiniteLossError, StopRequested
+from .experiment.loading import load_config
+from .experiment.run import run_experiment
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from safetensors.torch import save_file
 
-from . import checkpoint as ckpt_io
-from .sharded import full_state
+from .engine import checkpoint as ckpt_io
+from .engine.sharded import full_state
 
 
 def convert(checkpoint: Path, out: Path) -> None:

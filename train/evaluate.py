@@ -16,21 +16,21 @@ import torch
 
 import vispos
 
-from . import checkpoint as ckpt_io
-from .accuracy import eval_sizes, evaluate_model
-from .checkpoint import CheckpointError
-from .config import PROTOCOLS, ConfigError, SchemeConfig, apply_overrides
-from .data import build_data
-from .datasets import DataError
-from .loaders import EvalLoader
-from .loading import config_from_dict
-from .models import build_model, configure_eval, patch_size_of, set_positions
-from .report import format_tables
-from .results import Accuracy, accuracy_to_json
-from .runtime import setup, teardown
-from .validation import check_entry_schemes
+from .config.sections import PROTOCOLS, ConfigError, SchemeConfig, apply_overrides
+from .config.validation import check_entry_schemes
+from .data.datasets import DataError
+from .data.loaders import EvalLoader
+from .data.sources import build_data
+from .engine import checkpoint as ckpt_io
+from .engine.checkpoint import CheckpointError
+from .engine.models import build_model, configure_eval, patch_size_of, set_positions
+from .evaluation.accuracy import eval_sizes, evaluate_model
+from .evaluation.report import format_tables
+from .evaluation.results import Accuracy, accuracy_to_json
+from .experiment.loading import config_from_dict
+from .runtime.process import setup, teardown
 
-CHECKPOINT = "checkpoint.pt"  # the file a scheme folder holds (engine.SchemeTrainer.path)
+CHECKPOINT = "checkpoint.pt"  # the file a scheme folder holds (train.engine.trainer.SchemeTrainer.path)
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:

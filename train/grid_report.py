@@ -26,12 +26,12 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
-from .config import ConfigError
-from .datasets import DataError
-from .experiment import run_experiment
-from .grid_tasks import CONTROLS, GLYPH, classes_of
-from .loading import load_config
-from .results import RunResult
+from .config.sections import ConfigError
+from .data.datasets import DataError
+from .data.grid_tasks import CONTROLS, GLYPH, classes_of
+from .evaluation.results import RunResult
+from .experiment.loading import load_config
+from .experiment.run import run_experiment
 
 TASKS: tuple[str, ...] = ("grid_lookup", "grid_direction", "grid_placement", "grid_count")
 PROTOCOL_ORDER = ("canvas", "resize")

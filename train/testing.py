@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from .config import ExperimentConfig
-from .loading import config_from_dict
+from .config.sections import ExperimentConfig
+from .experiment.loading import config_from_dict
 
 TINY: dict[str, Any] = {
     "name": "tiny",

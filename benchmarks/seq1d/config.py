@@ -1,7 +1,7 @@
 """The benchmark's configuration: dataclasses (the schema) filled strictly from YAML and ``key=value`` overrides.
 
-An unknown key or a value of the wrong type is an error that names what is accepted (``train.schema``).
-Scheme entries are the trainer's (``train.entries``): ``{name: rope+ntk, base: rope, scaling: ntk,
+An unknown key or a value of the wrong type is an error that names what is accepted (``train.config.schema``).
+Scheme entries are the trainer's (``train.config.entries``): ``{name: rope+ntk, base: rope, scaling: ntk,
 scaling_options: {factor: 4.0}}`` evaluates the trained ``rope`` model with NTK scaling. Shorthand strings:
 ``rope`` (train this 1D scheme), ``rope+yarn`` (= ``{name: rope+yarn, base: rope, scaling: yarn}``),
 ``learned1d+clamp`` (= ``{name: learned1d+clamp, base: learned1d, out_of_range: clamp}``).
@@ -16,9 +16,9 @@ from typing import Any, Literal
 
 import vispos
 import vispos.registry
-from train import schema
-from train.entries import RunConfig, SchemeEntry, check_entries, check_scaling, expand_shorthand
-from train.schema import ConfigError
+from train.config import schema
+from train.config.entries import RunConfig, SchemeEntry, check_entries, check_scaling, expand_shorthand
+from train.config.schema import ConfigError
 
 TASKS: tuple[str, ...] = ("passkey", "copy", "reverse", "recall")
 OUT_OF_RANGE: tuple[str, ...] = ("error", "clamp", "interpolate")
@@ -133,7 +133,8 @@ class BenchConfig(RunConfig):
 
 
 def _scheme_hook(data: Any, where: str) -> Any:
-    """A shorthand string (``train.entries``); the old ``scaling: {type: ...}`` mapping is refused with the new form."""
+    """A shorthand string (``train.config.entries``); the old ``scaling: {type: ...}`` mapping is refused with
+    the new form."""
     if isinstance(data, str):
         data = expand_shorthand(data, where, SHORTHAND_WORDS)
         if "+" in (data.get("pos") or ""):

@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 
 import vispos
-from train.schedule import warmup_cosine
-from train.seeds import mix_seed
+from train.engine.schedule import warmup_cosine
+from train.runtime.seeds import mix_seed
 
 from .config import BenchConfig, SchemeConfig
 from .model import TinyLM

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .config import ExperimentConfig, SchemeConfig, scheme_config, to_dict
+from ..config.sections import ExperimentConfig, SchemeConfig, scheme_config, to_dict
 
 FORMAT = 1
 

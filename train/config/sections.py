@@ -1,10 +1,10 @@
 """Experiment configuration: a typed schema of dataclasses, filled strictly from YAML and CLI overrides.
 
-Every key is checked (``train.schema``): an unknown key is an error that names the accepted ones, a
+Every key is checked (``train.config.schema``): an unknown key is an error that names the accepted ones, a
 value of the wrong type is an error that names the expected type. ``key=value`` overrides from the
 command line address fields by dotted path (``train.lr=1e-3``, ``eval.sizes=[28,56]``) and are
 type-checked the same way. Scheme entries and their shorthand strings are shared with the sequence
-benchmark (``train.entries``); the checks across fields are ``train.validation``'s.
+benchmark (``train.config.entries``); the checks across fields are ``train.config.validation``'s.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ TIMM_TABLE = "timm"  # pos name meaning: keep timm's own learned table (dynamic_
 class DataConfig:
     """Where the images come from and which subset is used."""
 
-    # grid_*: generated position tasks (train.grid_tasks); train_per_class / val_per_class count images per class
+    # grid_*: generated position tasks (train.data.grid_tasks); train_per_class / val_per_class count images per class
     dataset: Literal["fashion_mnist", "folder", "grid_lookup", "grid_direction", "grid_placement", "grid_count",
                      "grid_lookup_shuffled"] = "fashion_mnist"
     root: str | None = None  # fashion_mnist: folder of the idx .gz files (found automatically if None)
@@ -77,7 +77,7 @@ class SchemeConfig(SchemeEntry):
     ``pos`` is a vispos registry name or a list of them (a combination, also written ``a+b``), or
     ``timm`` (timm's own learned table). Every RoPE scaling of ``vispos.SCALING_TYPES`` applies per
     axis through ``vispos.configure`` (``longrope`` needs ``scaling_options.long_factors``). YAML
-    shorthand (``train.entries``): ``rope2d``, ``learned2d+rope2d``, ``rope2d+yarn`` (= ``{name:
+    shorthand (``train.config.entries``): ``rope2d``, ``learned2d+rope2d``, ``rope2d+yarn`` (= ``{name:
     rope2d+yarn, base: rope2d, scaling: yarn}``), ``alibi2d+logn`` (= ``log_n_attention: true``).
     """
 
@@ -97,14 +97,14 @@ class TrainConfig:
     lr: float = 2e-3
     min_lr: float = 0.0
     weight_decay: float = 0.05
-    warmup: float = 0.1  # fraction of all steps with a linear warm-up, then cosine to min_lr (train.schedule)
+    warmup: float = 0.1  # fraction of all steps with a linear warm-up, then cosine to min_lr (train.engine.schedule)
     grad_clip: float | None = 1.0
     label_smoothing: float = 0.0
     mixup: float = 0.0  # mixup alpha (timm Mixup); 0: off
     cutmix: float = 0.0  # cutmix alpha; 0: off
     precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
     compile: bool = False
-    # how processes share the model (train.parallel): ddp, a full replica on each; fsdp, FSDP2 shards of each
+    # how processes share the model (train.runtime.parallel): ddp, a full replica on each; fsdp, FSDP2 shards of each
     # block's parameters, gradients and optimiser state, with sharded checkpoints (torch.distributed.checkpoint)
     strategy: Literal["ddp", "fsdp"] = "ddp"
     activation_checkpointing: bool = False  # recompute each block's activations in the backward pass (timm's)
@@ -137,7 +137,7 @@ class FinetuneConfig:
     steps: int = 100
     batch_size: int | None = None  # None: train.batch_size
     lr: float = 5e-4
-    warmup: float = 0.1  # fraction of the steps, then cosine to 0 (train.schedule)
+    warmup: float = 0.1  # fraction of the steps, then cosine to 0 (train.engine.schedule)
 
 
 @dataclass

@@ -1,8 +1,9 @@
 """One experiment: train every scheme under identical settings, evaluate each, write the report.
 
 Config in, ``RunResult`` out: ``run_experiment`` builds the data and the runtime, trains each entry
-(``engine``), evaluates it (``accuracy``; cached per entry in eval.json), fine-tunes it at the target
-size when configured (``finetune``; cached in finetune.json), and writes the run folder (``report``).
+(``train.engine.trainer``), evaluates it (``train.evaluation.accuracy``; cached per entry in eval.json),
+fine-tunes it at the target size when configured (``train.engine.finetune``; cached in finetune.json), and
+writes the run folder (``train.evaluation.report``).
 With ``seeds``, the whole run is repeated in ``seed_<k>/`` sub-folders and the run folder gets their
 means and standard deviations (``results.combine_seeds``).
 """
@@ -22,18 +23,19 @@ import yaml
 from torch import nn
 from tqdm import tqdm
 
-from . import checkpoint as ckpt_io
-from .accuracy import eval_sizes, evaluate_model
-from .config import ExperimentConfig, SchemeConfig, scheme_config, to_dict
-from .data import build_data
-from .datasets import DataBundle
-from .engine import train_scheme
-from .finetune import finetune
-from .finetune import fingerprint as finetune_fingerprint
-from .loaders import EvalLoader, TrainLoader, train_sizes
-from .models import build_model, configure_eval, preflight, set_positions
-from .report import write_outputs
-from .results import (
+from ..config.sections import ExperimentConfig, SchemeConfig, scheme_config, to_dict
+from ..data.datasets import DataBundle
+from ..data.loaders import EvalLoader, TrainLoader, train_sizes
+from ..data.sources import build_data
+from ..engine import checkpoint as ckpt_io
+from ..engine.finetune import finetune
+from ..engine.finetune import fingerprint as finetune_fingerprint
+from ..engine.models import build_model, configure_eval, preflight, set_positions
+from ..engine.sharded import full_state
+from ..engine.trainer import train_scheme
+from ..evaluation.accuracy import eval_sizes, evaluate_model
+from ..evaluation.report import write_outputs
+from ..evaluation.results import (
     Accuracy,
     RunResult,
     SchemeResult,
@@ -42,8 +44,7 @@ from .results import (
     accuracy_to_json,
     combine_seeds,
 )
-from .runtime import Runtime, main_first, setup, teardown
-from .sharded import full_state
+from ..runtime.process import Runtime, main_first, setup, teardown
 
 Log = Callable[[str], None]
 

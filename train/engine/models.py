@@ -11,7 +11,7 @@ from torch import nn
 
 import vispos
 
-from .config import TIMM_TABLE, ConfigError, ExperimentConfig, ModelConfig, SchemeConfig, scheme_config
+from ..config.sections import TIMM_TABLE, ConfigError, ExperimentConfig, ModelConfig, SchemeConfig, scheme_config
 
 
 def preflight(cfg: ExperimentConfig) -> int:
@@ -36,8 +36,8 @@ def preflight(cfg: ExperimentConfig) -> int:
         model = meta_model(s)
         for entry in (v for v in cfg.schemes if v is s or v.base == s.name):
             configure_eval(model, entry, (d.img_size // patch,) * 2)
-    from .accuracy import eval_sizes  # accuracy -> loaders -> config
-    from .loaders import train_sizes
+    from ..data.loaders import train_sizes
+    from ..evaluation.accuracy import eval_sizes  # accuracy -> loaders -> config
 
     eval_sizes(cfg.eval, d.img_size, patch)
     train_sizes(cfg.train, d.img_size, patch)

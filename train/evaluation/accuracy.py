@@ -8,10 +8,10 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from .config import ConfigError, EvalConfig
-from .loaders import EvalLoader
+from ..config.sections import ConfigError, EvalConfig
+from ..data.loaders import EvalLoader
+from ..runtime.process import Runtime
 from .results import Accuracy
-from .runtime import Runtime
 
 
 def eval_sizes(cfg: EvalConfig, train_size: int, patch: int) -> list[int]:

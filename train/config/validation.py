@@ -1,6 +1,6 @@
 """Checks across the fields of an experiment config: ranges, exclusive choices, each entry against the registry.
 
-``train.config`` declares the fields and their types (checked as the schema is filled); what only holds
+``train.config.sections`` declares the fields and their types (checked as the schema is filled); what only holds
 between fields, or against vispos's registry, is checked here, each error naming what is accepted.
 """
 
@@ -10,7 +10,8 @@ from typing import Any
 
 import vispos
 
-from .config import (
+from .entries import check_entries, check_scaling
+from .sections import (
     PATCH_OPTIONS,
     PROTOCOLS,
     TIMM_TABLE,
@@ -20,7 +21,6 @@ from .config import (
     SchemeConfig,
     TrainConfig,
 )
-from .entries import check_entries, check_scaling
 
 
 def validate(cfg: ExperimentConfig) -> ExperimentConfig:
@@ -140,7 +140,8 @@ def _validate_ranges(cfg: ExperimentConfig) -> None:
 
 
 def _validate_data(d: DataConfig) -> None:
-    """The statistics: positive, one per channel of the dataset (the classes and augmentation: ``train.loading``)."""
+    """The statistics: positive, one per channel of the dataset (the classes and augmentation:
+    ``train.experiment.loading``)."""
     if d.std is not None and not all(s > 0 for s in d.std):
         raise ConfigError(f"data.std must be > 0 per channel, got {d.std}")
     if d.mean is not None and d.std is not None and len(d.mean) != len(d.std):

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from .schema import ConfigError
+from ..config.schema import ConfigError
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from .config import SchemeConfig
+from ..config.sections import SchemeConfig
 
 Accuracy = dict[str, dict[int, float]]  # protocol -> evaluation size (px) -> top-1 accuracy (%)
 
@@ -29,7 +29,7 @@ def accuracy_from_json(data: dict[str, dict[str, float]]) -> Accuracy:
 
 @dataclass
 class TrainSummary:
-    """How training one scheme went; ``history`` holds one row per epoch (engine.LOG_FIELDS)."""
+    """How training one scheme went; ``history`` holds one row per epoch (train.engine.trainer.LOG_FIELDS)."""
 
     seconds: float
     epochs: int

@@ -39,8 +39,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..runtime.seeds import mix_seed
 from .datasets import DataBundle, DataError, TensorImages
-from .seeds import mix_seed
 
 GLYPH = 4  # pixels per cell side
 _ART: dict[str, tuple[str, ...]] = {  # 4 x 4 glyphs, '#' = on

@@ -1,5 +1,5 @@
 """Datasets: Fashion-MNIST from Debian's idx files, ImageNet-style folder trees with subsetting, and the
-generated position tasks of ``train.grid_tasks``, each as a ``train.datasets.DataBundle``.
+generated position tasks of ``train.data.grid_tasks``, each as a ``train.data.datasets.DataBundle``.
 
 Both give a training set and a validation set with the same class list. Nothing is copied: a folder
 subset is a list of (path, label) pairs chosen from the tree. Fashion-MNIST is held in memory as
@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
 
-from .config import DataConfig
+from ..config.sections import DataConfig
 from .datasets import DataBundle, DataError, FolderImages, TensorImages
 from .grid_tasks import GRID_TASKS, build_grid_data
 

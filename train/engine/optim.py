@@ -6,7 +6,7 @@ import torch
 from timm.optim import create_optimizer_v2
 from torch import nn
 
-from .config import TrainConfig
+from ..config.sections import TrainConfig
 from .schedule import warmup_cosine, warmup_steps
 
 
@@ -16,7 +16,7 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
 
 
 def make_scheduler(opt: torch.optim.Optimizer, cfg: TrainConfig, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
-    """Linear warm-up over ``cfg.warmup`` of the steps, then cosine to ``cfg.min_lr`` (``train.schedule``);
+    """Linear warm-up over ``cfg.warmup`` of the steps, then cosine to ``cfg.min_lr`` (``train.engine.schedule``);
     stepped once per optimiser step."""
     w = warmup_steps(cfg.warmup, total_steps)
     floor = cfg.min_lr / cfg.lr if cfg.lr > 0 else 0.0

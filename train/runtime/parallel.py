@@ -19,8 +19,8 @@ from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
-from .config import ConfigError, TrainConfig
-from .runtime import Runtime
+from ..config.sections import ConfigError, TrainConfig
+from .process import Runtime
 
 
 def blocks(model: nn.Module) -> list[nn.Module]:

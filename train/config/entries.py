@@ -1,5 +1,5 @@
 """Scheme entries, the rows of a comparison, and the run config that lists them: shared by the image
-trainer (``train.config``) and the sequence benchmark (``benchmarks.seq1d.config``).
+trainer (``train.config.sections``) and the sequence benchmark (``benchmarks.seq1d.config``).
 
 An entry either trains a positional scheme (``pos``) or re-evaluates the trained model of another entry
 (``base``) with evaluation-only settings, e.g. RoPE scaling::

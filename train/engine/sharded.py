@@ -26,7 +26,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from .runtime import Runtime
+from ..runtime.process import Runtime
 
 PREFIX = "shards-"
 

@@ -24,10 +24,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .config import ConfigError, DataConfig, EvalConfig, TrainConfig
+from ..config.sections import ConfigError, DataConfig, EvalConfig, TrainConfig
+from ..runtime.process import Dist
+from ..runtime.seeds import generator, mix_seed
 from .datasets import DataBundle, FolderImages, TensorImages
-from .runtime import Dist
-from .seeds import generator, mix_seed
 from .transforms import (
     augment_batch,
     canvas_offsets,

@@ -1,4 +1,4 @@
-"""What every dataset of the trainer gives (``train.data``, ``train.grid_tasks``): images in memory
+"""What every dataset of the trainer gives (``train.data.sources``, ``train.data.grid_tasks``): images in memory
 (``TensorImages``) or read from files (``FolderImages``), a training and a validation set with their classes
 and statistics (``DataBundle``), and the errors that name a missing or unreadable dataset."""
 
@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 from torch import Tensor
 
-from .seeds import mix_seed, seeded
+from ..runtime.seeds import mix_seed, seeded
 
 
 class DataError(RuntimeError):

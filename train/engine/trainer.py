@@ -20,18 +20,18 @@ from timm.utils import ModelEmaV3
 from torch import nn
 from tqdm import tqdm
 
+from ..config.sections import ConfigError, ExperimentConfig, SchemeConfig, scheme_config, to_dict
+from ..data.datasets import DataBundle
+from ..data.loaders import Batch, EvalLoader, TrainLoader, train_sizes
+from ..evaluation.accuracy import top1
+from ..evaluation.results import TrainSummary
+from ..runtime.parallel import shard, wrap
+from ..runtime.process import Runtime
+from ..runtime.seeds import mix_seed, seed_everything
 from . import checkpoint as ckpt_io
 from . import sharded
-from .accuracy import top1
-from .config import ConfigError, ExperimentConfig, SchemeConfig, scheme_config, to_dict
-from .datasets import DataBundle
-from .loaders import Batch, EvalLoader, TrainLoader, train_sizes
 from .models import build_model, patch_size_of, set_positions
 from .optim import make_optimizer, make_scheduler
-from .parallel import shard, wrap
-from .results import TrainSummary
-from .runtime import Runtime
-from .seeds import mix_seed, seed_everything
 
 LOG_FIELDS = ("epoch", "step", "lr", "train_loss", "train_acc", "val_acc", "skipped", "drope", "sizes", "seconds")
 

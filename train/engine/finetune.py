@@ -21,15 +21,15 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..config.sections import ExperimentConfig, SchemeConfig, to_dict
+from ..data.datasets import DataBundle
+from ..data.loaders import TrainLoader
+from ..runtime.parallel import wrap
+from ..runtime.process import Runtime
+from ..runtime.seeds import mix_seed, seed_everything
 from . import checkpoint as ckpt_io
-from .config import ExperimentConfig, SchemeConfig, to_dict
-from .datasets import DataBundle
-from .engine import NonFiniteLossError, loss_of
-from .loaders import TrainLoader
 from .optim import make_optimizer, make_scheduler
-from .parallel import wrap
-from .runtime import Runtime
-from .seeds import mix_seed, seed_everything
+from .trainer import NonFiniteLossError, loss_of
 
 FILE = "finetuned.pt"
 STEP_KEY = 3  # seed key of the phase's per-step randomness (dropout)

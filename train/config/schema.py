@@ -2,7 +2,7 @@
 
 Every key is checked: an unknown key is an error that names the accepted ones (with a close match when
 there is one), a value of the wrong type is an error that names the expected type. Shared by the image
-trainer (``train.config``) and the sequence benchmark (``benchmarks.seq1d.config``).
+trainer (``train.config.sections``) and the sequence benchmark (``benchmarks.seq1d.config``).
 """
 
 from __future__ import annotations

@@ -1,22 +1,22 @@
 """A validated experiment configuration from YAML, CLI overrides or plain data (``load_config``,
-``config_from_dict``): ``train.config``'s schema and its checks, then what needs the data and the models,
+``config_from_dict``): ``train.config.sections``'s schema and its checks, then what needs the data and the models,
 checked before anything is trained: the classes asked for, the augmentation string, every entry's model
-built on the meta device (``train.models.preflight``) and a grid task's sizes."""
+built on the meta device (``train.engine.models.preflight``) and a grid task's sizes."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from . import schema
-from .accuracy import eval_sizes
-from .config import HOOKS, ConfigError, DataConfig, ExperimentConfig, apply_overrides
-from .data import FMNIST_CLASSES, select_classes
-from .datasets import DataError
-from .grid_tasks import GRID_TASKS, grid_of
-from .models import preflight
-from .transforms import train_transform
-from .validation import validate
+from ..config import schema
+from ..config.sections import HOOKS, ConfigError, DataConfig, ExperimentConfig, apply_overrides
+from ..config.validation import validate
+from ..data.datasets import DataError
+from ..data.grid_tasks import GRID_TASKS, grid_of
+from ..data.sources import FMNIST_CLASSES, select_classes
+from ..data.transforms import train_transform
+from ..engine.models import preflight
+from ..evaluation.accuracy import eval_sizes
 
 
 def config_from_dict(data: Any) -> ExperimentConfig:
