@@ -13,6 +13,7 @@ import timm
 import torch
 from timm.layers import resize_rel_pos_bias_table
 from timm.layers.pos_embed_rel import gen_relative_log_coords
+from timm.models.vision_transformer_relpos import checkpoint_filter_fn
 from torch.export import Dim
 
 import vispos
@@ -34,6 +35,7 @@ CASES = [
     ("vit_relpos_medium_patch16_cls_224", {"rel_pos_type": "bias"}),
     ("vit_srelpos_small_patch16_224", {"rel_pos_type": "bias", "class_token": True}),
 ]
+BIAS = [i for i, (_, kw) in enumerate(CASES) if kw.get("rel_pos_type") == "bias"]  # RelPosBias: a table per grid
 IDS = [f"{n}-{kw.get('rel_pos_type', 'mlp')}{'-cls' if kw.get('class_token') else ''}" for n, kw in CASES]
 
 
@@ -211,6 +213,31 @@ def test_state_dicts_round_trip_and_timms_own_loads(name: str, kwargs: dict[str,
     assert max_difference(original, from_timm) <= 1e-5
     attn_keys = {k for k in original.state_dict() if ".attn." in k and "rel_pos" not in k}
     assert attn_keys <= set(model.state_dict())  # timm's attention weights under their own names
+
+
+@pytest.mark.parametrize(("name", "kwargs"), CASES, ids=IDS)
+def test_set_input_size_gives_timms_outputs_after_the_same_call(name: str, kwargs: dict[str, object]) -> None:
+    original = timm_model(name, **kwargs)
+    model = patched(original, scheme_of(kwargs))
+    for size in SIZES:
+        reference = copy.deepcopy(original)
+        reference.set_input_size(img_size=size)
+        model.set_input_size(img_size=size)
+        assert model.patch_embed.img_size == reference.patch_embed.img_size == size
+        assert max_difference(reference, model, size) <= 1e-5, size
+
+
+@pytest.mark.parametrize(("name", "kwargs"), [CASES[i] for i in BIAS], ids=[IDS[i] for i in BIAS])
+def test_a_timm_checkpoint_of_another_size_loads_as_timms_filter_loads_it(name: str, kwargs: dict[str, object]) -> None:
+    """A plain checkpoint of the model at 64 px (4 x 4 grid) into a patched model built at 96 px (6 x 6): its
+    tables resampled as timm's checkpoint_filter_fn resamples them for timm's model at 96 px."""
+    checkpoint = timm_model(name, **kwargs).state_dict()
+    reference = timm_model(name, img=96, seed=1, **kwargs)
+    reference.load_state_dict(checkpoint_filter_fn(checkpoint, reference))
+    model = patched(timm_model(name, img=96, seed=2, **kwargs), scheme_of(kwargs))
+    assert max_difference(reference, model, (96, 96)) > 1e-3  # the control: other weights
+    model.load_state_dict(checkpoint)
+    assert max_difference(reference, model, (96, 96)) <= 1e-5
 
 
 def test_pickle_and_deepcopy_keep_the_model() -> None:

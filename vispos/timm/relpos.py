@@ -25,7 +25,9 @@ that size with the same weights. Another scheme discards the bias (``PretrainedP
 The blocks stay timm's; their ``shared_rel_pos`` argument carries vispos's ``PositionContext`` to the
 ``PatchedRelPosAttention`` of each block, which adopts timm's ``qkv`` / ``q_norm`` / ``k_norm`` / ``proj`` under
 their names. A timm checkpoint of the same model loads into the patched one: its ``rel_pos`` weights go to the
-inherited scheme (``adopt_relpos_checkpoint``).
+inherited scheme (``adopt_relpos_checkpoint``); a RelPosBias table of another grid (a checkpoint of the model at
+another size) is resampled first, as timm's ``checkpoint_filter_fn`` does. ``set_input_size`` is timm's, the
+positions following every input's grid as they do without it.
 """
 
 from __future__ import annotations
@@ -34,8 +36,9 @@ from typing import Any
 
 import torch
 import torch.fx
-from timm.layers import Format, RelPosBias, RelPosMlp
+from timm.layers import Format, RelPosBias, RelPosMlp, resize_rel_pos_bias_table
 from timm.models._features import feature_take_indices
+from timm.models._input import update_model_input_size
 from timm.models.vision_transformer_relpos import RelPosAttention, VisionTransformerRelPos
 from torch import nn
 from torch.utils.checkpoint import checkpoint
@@ -130,6 +133,16 @@ class PatchedVisionTransformerRelPos(PatchedViT, VisionTransformerRelPos):
             patches = [y.reshape(b, h, w, -1).permute(0, 3, 1, 2).contiguous() for y in patches]
         result = list(zip(patches, prefix, strict=True)) if return_prefix_tokens else patches
         return result if intermediates_only else (self.norm(outs[-1]), result)
+
+    def set_input_size(
+        self, img_size: int | tuple[int, int] | None = None, patch_size: int | tuple[int, int] | None = None
+    ) -> None:
+        """timm's ``set_input_size``: the patch embedding's size (FlexiViT resampling for a new patch size). The
+        inherited bias keeps its training grid and follows every input's grid at forward (the MLP evaluated at
+        its offsets, the table resampled as timm's ``RelPosBias.set_window_size`` resamples it), so nothing of the
+        positions changes here."""
+        self.patch_embed.set_input_size(img_size=img_size, patch_size=patch_size)
+        update_model_input_size(self, self.patch_embed.img_size, patch_size=patch_size)
 
 
 def after_relpos_block(block: nn.Module, args: tuple, kwargs: dict[str, Any], out: torch.Tensor) -> torch.Tensor:
@@ -245,7 +258,23 @@ def adopt_relpos_checkpoint(model: nn.Module, state_dict: dict[str, Any], prefix
     adopt_timm_checkpoint(model, state_dict, prefix, *args)
     layout = _rel_pos_layout(model)
     if layout is not None:
+        if layout["table_rows"]:
+            _resample_tables(model, state_dict, prefix, layout["table_rows"])
         state_dict.update(vispos_entries(state_dict, prefix, **layout))
+
+
+def _resample_tables(model: nn.Module, state_dict: dict[str, Any], prefix: str, table_rows: int) -> None:
+    """RelPosBias tables of a checkpoint at another grid (the model built at another size) -> this model's
+    training grid, in place, as timm's ``checkpoint_filter_fn`` resamples them (``resize_rel_pos_bias_table``:
+    a square source grid assumed, the class token's rows kept)."""
+    first = model.vispos.attention[0] if isinstance(model.vispos.attention, nn.ModuleList) else model.vispos.attention
+    rows = table_rows + (0 if first.prefix_bias is None else first.prefix_bias.shape[0])
+    for key in [k for k in state_dict if k.startswith(prefix) and k.endswith("rel_pos.relative_position_bias_table")]:
+        table = state_dict[key]
+        if table.shape[0] != rows:
+            state_dict[key] = resize_rel_pos_bias_table(
+                table, new_window_size=model.vispos.train_grid, new_bias_shape=(rows, table.shape[1])
+            )
 
 
 def _adopt_weights(model: nn.Module, source: dict[str, torch.Tensor]) -> None:
