@@ -209,6 +209,24 @@ def test_a_checkpoint_from_a_smaller_grid_loads_resampled_and_computes_what_it_c
         torch.testing.assert_close(resaved(x), large(x), rtol=0, atol=0)
 
 
+def test_a_plain_timm_checkpoint_of_another_size_loads_as_timms_filter_loads_it() -> None:
+    """An unpatched model's 32 px checkpoint (2 x 2 grid) into a learned2d model patched at 64 px (4 x 4): its
+    pos_embed resampled as timm's checkpoint_filter_fn resamples it for timm's model at 64 px."""
+    torch.manual_seed(0)
+    small = timm.create_model("vit_tiny_patch16_224", img_size=32, depth=1, num_classes=3).eval()
+    perturb(small)
+    checkpoint = small.state_dict()
+    reference = timm.create_model("vit_tiny_patch16_224", img_size=64, depth=1, num_classes=3).eval()
+    reference.load_state_dict(timm.models.vision_transformer.checkpoint_filter_fn(checkpoint, reference))
+    model = make("learned2d", img_size=64, seed=5)
+    model.load_state_dict(checkpoint)  # strict
+    x = images(64, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), reference(x), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="no place for"):  # not a square grid: which one is unknowable
+        make("learned2d", img_size=64).load_state_dict(checkpoint | {"pos_embed": checkpoint["pos_embed"][:, :4]})
+
+
 def test_learned_tables_are_resampled_as_timm_resamples_pos_embed() -> None:
     small = make("learned2d", img_size=224)
     perturb(small)

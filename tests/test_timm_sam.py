@@ -196,6 +196,19 @@ def test_timms_state_dict_loads_into_a_patched_model() -> None:
     assert "blocks.0.attn.rel_pos_h" in result.unexpected_keys
 
 
+def test_a_timm_checkpoint_of_another_size_loads_with_each_blocks_tables_at_its_grid() -> None:
+    """A plain 64 px checkpoint (8 x 8 grid) into a patched model built at 96 px (12 x 12): the global blocks'
+    tables resized to the new grid, the window blocks' kept at the window's; outputs those of timm's model
+    given 96 px images (which resizes the same tables at run time)."""
+    original = sam()
+    model = vispos.patch(sam(seed=1, img_size=96), "decomposed2d")
+    assert difference(model, original, (96, 96)) > 1e-3  # the control: other weights
+    model.load_state_dict(original.state_dict())
+    assert difference(model, original, (96, 96)) <= 1e-5
+    lengths = [layer.rel_pos_h.shape[0] for layer in model.vispos.attention]
+    assert lengths == [2 * WINDOW - 1, 2 * 12 - 1, 2 * WINDOW - 1, 2 * 12 - 1]
+
+
 # --- 4: timm's model-test style checks --------------------------------------------------------------------------
 def test_forward_intermediates_are_timms() -> None:
     original = sam()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -153,12 +155,26 @@ class Learned2d(nn.Module):
     @torch.no_grad()
     def adopt_pos_embed(self, pos_embed: torch.Tensor) -> bool:
         """Host hook: start from a model's own table ``pos_embed`` [1, P + H*W, dim] (P = this module's
-        prefix rows), so the model's outputs at the training grid stay the same. Returns whether it fit."""
+        prefix rows), so the model's outputs at the training grid stay the same. A table of another square
+        grid (a checkpoint of the model at another size) is resampled to this one, as timm's checkpoint
+        filters resample it (bicubic, antialiased; a square source assumed, the prefix rows kept). Returns
+        whether it fit."""
         h, w = self.train_grid
         p = self.num_prefix_tokens
-        if self.factorized or tuple(pos_embed.shape) != (1, p + h * w, self.dim):
+        if self.factorized or pos_embed.dim() != 3 or pos_embed.shape[0] != 1 or pos_embed.shape[2] != self.dim:
             return False
-        self.table.copy_(pos_embed[0, p:].reshape(h, w, self.dim))
+        cells = pos_embed.shape[1] - p
+        side = math.isqrt(max(cells, 0))
+        if cells == h * w:
+            grid = (h, w)
+        elif cells > 0 and side * side == cells:
+            grid = (side, side)
+        else:
+            return False
+        table = pos_embed[0, p:].reshape(*grid, self.dim)
+        if grid != (h, w):
+            table = resample_table_2d(table, (h, w), self.antialias, self.interpolation)
+        self.table.copy_(table)
         if self.prefix is not None:
             self.prefix.copy_(pos_embed[0, :p])
         return True
