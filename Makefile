@@ -77,6 +77,7 @@ VISPOS_SCHEME ?= inherit
 # torchscript tests are left out: vispos does not support torch.jit.script (docs/patching.md).
 TIMM_K ?= (test_model_forward or test_model_forward_fx or test_model_forward_intermediates) and not torchscript \
   and (swin_tiny or swinv2_tiny or beit_base_patch16_224 or vit_relpos_small or vit_tiny_patch16_224 or eva02_tiny)
+# -P and importlib imports: the checkout gives its tests only, timm itself is the one installed in $(VENV).
 timm-tests:
-	cd $(TIMM_SRC) && VISPOS_SCHEME=$(VISPOS_SCHEME) PYTHONPATH=$(CURDIR) $(abspath $(PY)) -m pytest -q \
-	  -p benchmarks.timm_suite.plugin tests/test_models.py -k "$(TIMM_K)"
+	cd $(TIMM_SRC) && VISPOS_SCHEME=$(VISPOS_SCHEME) PYTHONPATH=$(CURDIR) $(abspath $(PY)) -P -m pytest -q \
+	  --import-mode=importlib -p benchmarks.timm_suite.plugin tests/test_models.py -k "$(TIMM_K)"
