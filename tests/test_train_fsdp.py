@@ -1,6 +1,8 @@
 """train.strategy=fsdp: two CPU processes (gloo) with FSDP2 shards train as one process does, a sharded
 checkpoint (torch.distributed.checkpoint) resumes a killed run exactly, and ``python -m train.convert``
-turns it into weights that ``vispos.create_model`` loads."""
+turns it into weights that ``vispos.create_model`` loads. Under fsdp, activation checkpointing recomputes
+each block (same losses), bf16 gathers bf16 weights from fp32 shards, and compiled blocks train as eager ones
+(hooks in the workers record what each training forward did: ``_probing_shard``)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from typing import Any
 import pytest
 import torch
 import torch.multiprocessing as mp
+from torch import nn
 
 from train.config.sections import ConfigError
 from train.experiment.run import run_experiment
@@ -31,22 +34,86 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world: int, port: int, out_dir: str, sections: dict[str, Any], stop: bool) -> None:
+_SEEN: list[dict[str, Any]] = []  # in a worker: what each sharded model did in its training forwards
+
+
+def _probing_shard(model: nn.Module, t: Any, rt: Any) -> nn.Module:
+    """train.runtime.parallel.shard, then hooks that record, for each training forward of the whole model,
+    how often the first block's first Linear ran (2 per forward when the backward recomputes the block) and
+    the dtype of the weight it ran with (the gathered weight, in the MixedPrecisionPolicy's param_dtype).
+    In a compiled block the hook's Python runs only while dynamo traces it."""
+    from train.runtime.parallel import shard
+
+    shard(model, t, rt)
+    seen: dict[str, Any] = {"forwards": 0, "linear_calls": 0, "checkpoint_calls": 0, "weight_dtypes": [],
+                            "shard_dtype": str(next(model.parameters()).dtype),
+                            "compiled": [b._compiled_call_impl is not None for b in model.blocks]}
+    linear = next(m for m in model.blocks[0].modules() if isinstance(m, nn.Linear))
+
+    def on_model(module: nn.Module, args: Any) -> None:
+        seen["forwards"] += module.training
+
+    def on_linear(module: nn.Module, args: Any) -> None:
+        if module.training:
+            seen["linear_calls"] += 1
+            seen["weight_dtypes"].append(str(module.weight.dtype))
+
+    model.register_forward_pre_hook(on_model)
+    linear.register_forward_pre_hook(on_linear)
+    _SEEN.append(seen)
+    return model
+
+
+def _counting_checkpoint(*args: Any, **kwargs: Any) -> Any:
+    """torch.utils.checkpoint.checkpoint as the ViT host calls it (one call per block), counted."""
+    from torch.utils.checkpoint import checkpoint
+
+    _SEEN[-1]["checkpoint_calls"] += 1
+    return checkpoint(*args, **kwargs)
+
+
+def _worker(rank: int, world: int, port: int, out_dir: str, sections: dict[str, Any], stop: bool,
+            probe: bool = False) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
-    from train.engine.trainer import StopRequested
+    import train.engine.trainer as trainer
 
+    if probe:
+        import vispos.timm.model as host
+
+        trainer.shard = _probing_shard  # type: ignore[assignment]
+        host.checkpoint = _counting_checkpoint  # type: ignore[assignment]
     try:
         run_experiment(tiny_config(out_dir, **sections))
-    except StopRequested:
+    except trainer.StopRequested:
         if not stop:
             raise
+    if probe:
+        (Path(out_dir) / f"probe-{rank}.json").write_text(json.dumps(_SEEN))
+        _SEEN.clear()
 
 
-def _two(out_dir: Path, sections: dict[str, Any], stop: bool = False) -> dict[str, Any] | None:
-    mp.spawn(_worker, args=(2, _free_port(), str(out_dir), sections, stop), nprocs=2, join=True)
+def _worker_each(rank: int, world: int, jobs: list[tuple[int, str, dict[str, Any]]]) -> None:
+    for port, out_dir, sections in jobs:  # each run joins (and leaves) a process group of its own
+        _worker(rank, world, port, out_dir, sections, False, True)
+
+
+def _two_each(runs: dict[str, tuple[Path, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Several probed runs, one after the other in the same two processes (one start-up for all)."""
+    jobs = [(_free_port(), str(out), sections) for out, sections in runs.values()]
+    mp.spawn(_worker_each, args=(2, jobs), nprocs=2, join=True)
+    return {k: json.loads((out / "results.json").read_text()) for k, (out, _) in runs.items()}
+
+
+def _two(out_dir: Path, sections: dict[str, Any], stop: bool = False, probe: bool = False) -> dict[str, Any] | None:
+    mp.spawn(_worker, args=(2, _free_port(), str(out_dir), sections, stop, probe), nprocs=2, join=True)
     results = out_dir / "results.json"
     return json.loads(results.read_text()) if results.exists() else None
+
+
+def _probes(out_dir: Path) -> list[list[dict[str, Any]]]:
+    """Per rank, per scheme (in the run's order): what ``_probing_shard`` recorded."""
+    return [json.loads((out_dir / f"probe-{r}.json").read_text()) for r in range(2)]
 
 
 @pytest.fixture(scope="module")
@@ -128,3 +195,57 @@ def test_fsdp_refuses_ema_and_a_single_process(tmp_path: Path, images: dict[str,
         run_experiment(tiny_config(tmp_path, data=images, train={**TRAIN, "strategy": "fsdp"}, eval=EVAL))
     with pytest.raises(ConfigError, match=r"train.strategy.*ddp.*fsdp"):
         tiny_config(tmp_path, train={"strategy": "zero3"})
+
+
+# one scheme: every scheme's blocks run through the same checkpointed, sharded path (vispos/timm/model.py)
+VARIANTS = {"fp32": {}, "checkpointing": {"activation_checkpointing": True}, "bf16": {"precision": "bf16"},
+            "compiled": {"compile": True, "activation_checkpointing": True}}
+BF16_TOL = 2e-2  # bf16 keeps 8 significant bits (relative rounding 2**-9 ~ 0.002 per op): ~1% of a loss of ~1.4
+
+
+@pytest.fixture(scope="module")
+def variants(tmp_path_factory: pytest.TempPathFactory, images: dict[str, Any]) -> dict[str, Any]:
+    """The fsdp run of rope2d in fp32, with activation checkpointing, in bf16 and compiled (with checkpointing):
+    results and, per rank, what each training forward did (``_probing_shard``)."""
+    root = tmp_path_factory.mktemp("variants")
+    runs = {k: (root / k, {"schemes": ["rope2d"], "data": images, "train": {**TRAIN, "strategy": "fsdp", **v},
+                           "eval": EVAL}) for k, v in VARIANTS.items()}
+    results = _two_each(runs)
+    return {k: {"losses": _losses(results[k]["schemes"]["rope2d"]["train"]["history"]),
+                "accuracy": results[k]["schemes"]["rope2d"]["accuracy"], "probes": [r[0] for r in _probes(out)]}
+            for k, (out, _) in runs.items()}
+
+
+def test_fsdp_activation_checkpointing_recomputes_blocks_with_equal_losses(variants: dict[str, Any]) -> None:
+    plain, ckpt = variants["fp32"], variants["checkpointing"]
+    # the recomputation in the backward pass runs each block a second time: 2 calls per training forward
+    for seen in plain["probes"]:
+        assert seen["forwards"] == 5 and seen["linear_calls"] == 5 and seen["checkpoint_calls"] == 0, seen
+    for seen in ckpt["probes"]:  # and torch's checkpoint wrapped each of the 2 blocks in each forward
+        assert seen["forwards"] == 5 and seen["linear_calls"] == 10 and seen["checkpoint_calls"] == 10, seen
+    assert all(abs(a - b) <= 1e-6 for a, b in zip(plain["losses"], ckpt["losses"], strict=True)), (plain, ckpt)
+    assert plain["accuracy"] == ckpt["accuracy"]
+
+
+def test_fsdp_bf16_gathers_bf16_weights_keeps_fp32_shards(variants: dict[str, Any]) -> None:
+    fp32, bf16 = variants["fp32"], variants["bf16"]
+    # MixedPrecisionPolicy(param_dtype=bf16): a block's gathered weights are bf16 in the forward (autocast alone
+    # would leave them fp32 and cast inside each op); the shards the optimiser updates stay fp32
+    for seen in bf16["probes"]:
+        assert set(seen["weight_dtypes"]) == {"torch.bfloat16"} and seen["shard_dtype"] == "torch.float32", seen
+    for seen in fp32["probes"]:
+        assert set(seen["weight_dtypes"]) == {"torch.float32"} and seen["shard_dtype"] == "torch.float32", seen
+    assert all(torch.isfinite(torch.tensor(x)) for x in bf16["losses"])
+    assert bf16["losses"] != fp32["losses"]  # bf16 rounding did change the arithmetic
+    assert all(abs(a - b) < BF16_TOL for a, b in zip(fp32["losses"], bf16["losses"], strict=True)), (fp32, bf16)
+
+
+def test_fsdp_compiled_checkpointed_blocks_train_as_eager(variants: dict[str, Any]) -> None:
+    eager, compiled = variants["fp32"], variants["compiled"]
+    # every block compiled in place (before fully_shard); its Python (the probe's hook) ran only while dynamo
+    # traced it, not in each of the 5 forwards; torch's checkpoint still wrapped each block in each forward
+    for seen in compiled["probes"]:
+        assert seen["compiled"] == [True, True] and seen["checkpoint_calls"] == 10, seen
+        assert seen["forwards"] == 5 and 0 < seen["linear_calls"] < 5, seen
+    assert variants["fp32"]["probes"][0]["compiled"] == [False, False]
+    assert all(abs(a - b) < TOL for a, b in zip(eager["losses"], compiled["losses"], strict=True)), (eager, compiled)
