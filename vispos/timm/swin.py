@@ -48,6 +48,7 @@ from ..host import HostShape, warn
 from ..positions import PositionContext, Positions
 from ..registry import SchemeInfo, build_in_context
 from .model import PositionsHost
+from .swin_checkpoint import adopt_swin_checkpoint
 from .window import PatchedWindowAttention, partition, reverse, shift_mask
 
 SWIN_MODELS: tuple[type, ...] = (SwinTransformer, SwinTransformerV2)
@@ -302,6 +303,7 @@ def patch_swin(
     model.patch_embed.strict_img_size = False  # any size the patches divide; windows pad as timm's dynamic mode
     model.dynamic_img_size = True
     model.__class__ = PATCHED[type(model)]
+    model.register_load_state_dict_pre_hook(adopt_swin_checkpoint)  # plain timm checkpoints
     return model
 
 
