@@ -1,5 +1,6 @@
-"""Plain timm checkpoints of Swin / Swin V2 into a patched model: ``adopt_swin_checkpoint`` (a load_state_dict
-pre-hook that ``swin.patch_swin`` registers).
+"""A patched Swin's position weights from elsewhere: its own bias at patch time (``adopt_own_bias``), another
+window (``resize_stage``, for ``set_input_size``), and plain timm checkpoints of Swin / Swin V2
+(``adopt_swin_checkpoint``, a load_state_dict pre-hook that ``swin.patch_swin`` registers).
 
 timm's per-block ``layers.{i}.blocks.{j}.attn.relative_position_bias_table`` (Swin) and ``attn.cpb_mlp.*``
 (Swin V2) go to the inherited scheme's ``vispos.stages.{i}.attention.{j}.`` keys; Swin's tables of another window
@@ -15,11 +16,18 @@ from typing import Any
 
 import torch
 from timm.layers import resize_rel_pos_bias_table
+from timm.models.swin_transformer import SwinTransformer
+from timm.models.swin_transformer_v2 import SwinTransformerV2
 from torch import nn
 
 from ..encodings.relbias import ContinuousBias2d, RelBias2d
+from ..positions import Positions
 from .model import adopt_timm_checkpoint
 
+OWN_BIAS: dict[type, tuple[str, str]] = {  # the scheme each family's own bias is, and where it was read
+    SwinTransformer: ("relbias2d", "Swin's relative_position_bias_table"),
+    SwinTransformerV2: ("cpb2d", "Swin V2's cpb_mlp"),
+}
 _BUFFERS = ("relative_position_index", "relative_coords_table", "attn_mask")
 _OWN = re.compile(r"layers\.(\d+)\.blocks\.(\d+)\.attn\.(relative_position_bias_table|cpb_mlp\.(.+))$")
 
@@ -63,4 +71,53 @@ def adopt_swin_checkpoint(model: nn.Module, state_dict: dict[str, Any], prefix: 
             state_dict[key] = value  # no place for it: reported as unexpected
 
 
-__all__ = ["adopt_swin_checkpoint"]
+
+# --- set_input_size -----------------------------------------------------------------------------------
+
+
+def resize_stage(positions: Positions, window: tuple[int, int], *, follow_window: bool) -> None:
+    """A stage's positions at a new window (its new grid): relbias2d tables resized by Swin's rule, cpb2d offsets
+    normalised by the new window where ``follow_window``; the positions' training grid becomes the window."""
+    old = positions.train_grid
+    if window == old:
+        return
+    for module in positions.modules():
+        if isinstance(module, RelBias2d):
+            shape = ((2 * window[0] - 1) * (2 * window[1] - 1), module.num_heads)
+            with torch.no_grad():
+                table = resize_rel_pos_bias_table(module.table, new_window_size=window, new_bias_shape=shape,
+                                                  old_window_size=old)  # fmt: skip
+            module.table = nn.Parameter(table.contiguous(), requires_grad=module.table.requires_grad)
+            module.train_grid = window
+        elif isinstance(module, ContinuousBias2d):
+            module.train_grid = window
+            if follow_window:
+                module.offset_grid = window
+    positions.train_grid = window
+    positions.settings["train_grid"] = window
+    positions.follow_scaling_grid()
+
+
+# --- the model's own bias ---
+
+
+def adopt_own_bias(stage: nn.Module, positions: Positions, family: type) -> bool:
+    """Copy each block's own bias into the stage's per-block scheme modules; -> whether cpb2d's offsets follow the
+    window (Swin V2 without a ``pretrained_window_size``)."""
+    own, source = OWN_BIAS[family]
+    follow = False
+    with torch.no_grad():
+        for blk, module in zip(stage.blocks, positions.attention, strict=True):
+            if own == "relbias2d":
+                module.table.copy_(blk.attn.relative_position_bias_table)
+            else:
+                module.mlp.load_state_dict(blk.attn.cpb_mlp.state_dict())
+                pretrained = tuple(blk.attn.pretrained_window_size)
+                if pretrained[0] > 0:
+                    module.offset_grid = pretrained
+                follow = pretrained[0] <= 0
+    positions.settings["inherited"] = {"from": f"timm {family.__name__}: {source}"}
+    return follow
+
+
+__all__ = ["OWN_BIAS", "adopt_own_bias", "adopt_swin_checkpoint", "resize_stage"]
