@@ -17,6 +17,9 @@
   (``SwinPositions``: additive schemes at the patch embedding, attention schemes per stage on window-local
   coordinates, shared by the windows and blocks of a stage, the shifted-window mask kept); Swin's tables inherited
   as ``relbias2d``, Swin V2's ``cpb_mlp`` as ``cpb2d``.
+- ``swin_checkpoint.py``: a patched Swin's position weights from elsewhere: its own bias at patch time, another
+  window (``set_input_size``), plain timm Swin / Swin V2 checkpoints (a load_state_dict pre-hook):
+  timm's bias keys to the inherited scheme's, Swin's tables of another window resized as timm's loader does.
 - ``swin_cr.py``: Swin V2-CR (``SwinTransformerV2Cr``) on the Swin host's positions and stages: NCHW between
   stages, each block's ``meta_mlp`` inherited as ``cpb2d(coords="log", output="linear", out_bias=True)``.
 - ``sam.py``: the SAM image encoder (``VisionTransformerSAM``) as a host of its own (``PatchedSam``): NHWC

@@ -19,6 +19,8 @@ with a ``PretrainedPositionsWarning``; ``inherit=False`` starts fresh silently.
 ``set_input_size(img_size=..., window_size=...)`` is timm's, followed by each stage's positions taking the new
 window: relbias2d tables resized by Swin's own rule (timm's ``resize_rel_pos_bias_table``, BEiT's geometric
 interpolation, not bicubic), cpb2d evaluated at the new offsets, RoPE on the new window-local grid.
+That resize, the adoption of the model's own bias and plain timm checkpoints (same or another window) are
+``swin_checkpoint.py``'s.
 
 What the adapter touches in timm's Swin: ``patch_embed`` (``strict_img_size`` written False), ``layers[i]``
 (``downsample``, ``blocks``, ``grad_checkpointing``), each block's ``norm1``, ``norm2``, ``mlp``,
@@ -33,7 +35,6 @@ from typing import Any
 import torch
 import torch.fx
 import torch.nn.functional as F
-from timm.layers import resize_rel_pos_bias_table
 from timm.models._features import feature_take_indices
 from timm.models.swin_transformer import SwinTransformer
 from timm.models.swin_transformer_v2 import SwinTransformerV2, SwinTransformerV2Block
@@ -43,18 +44,14 @@ from torch.utils.checkpoint import checkpoint
 
 from .. import host
 from .._validate import check_bool
-from ..encodings.relbias import ContinuousBias2d, RelBias2d
 from ..host import HostShape, warn
 from ..positions import PositionContext, Positions
 from ..registry import SchemeInfo, build_in_context
 from .model import PositionsHost
+from .swin_checkpoint import OWN_BIAS, adopt_own_bias, adopt_swin_checkpoint, resize_stage
 from .window import PatchedWindowAttention, partition, reverse, shift_mask
 
 SWIN_MODELS: tuple[type, ...] = (SwinTransformer, SwinTransformerV2)
-OWN_BIAS: dict[type, tuple[str, str]] = {  # the scheme each family's own bias is, and where it was read
-    SwinTransformer: ("relbias2d", "Swin's relative_position_bias_table"),
-    SwinTransformerV2: ("cpb2d", "Swin V2's cpb_mlp"),
-}
 CPB_MLP: dict[str, Any] = {"hidden": 512, "max_bias": 16.0}  # Swin V2's cpb_mlp: 2 -> 512 -> heads, 16 * sigmoid
 
 
@@ -244,32 +241,6 @@ class PatchedSwinTransformerV2(PatchedSwin, SwinTransformerV2):
 PATCHED: dict[type, type] = {SwinTransformer: PatchedSwinTransformer, SwinTransformerV2: PatchedSwinTransformerV2}
 
 
-# --- set_input_size -----------------------------------------------------------------------------------
-
-
-def resize_stage(positions: Positions, window: tuple[int, int], *, follow_window: bool) -> None:
-    """A stage's positions at a new window (its new grid): relbias2d tables resized by Swin's rule, cpb2d offsets
-    normalised by the new window where ``follow_window``; the positions' training grid becomes the window."""
-    old = positions.train_grid
-    if window == old:
-        return
-    for module in positions.modules():
-        if isinstance(module, RelBias2d):
-            shape = ((2 * window[0] - 1) * (2 * window[1] - 1), module.num_heads)
-            with torch.no_grad():
-                table = resize_rel_pos_bias_table(module.table, new_window_size=window, new_bias_shape=shape,
-                                                  old_window_size=old)  # fmt: skip
-            module.table = nn.Parameter(table.contiguous(), requires_grad=module.table.requires_grad)
-            module.train_grid = window
-        elif isinstance(module, ContinuousBias2d):
-            module.train_grid = window
-            if follow_window:
-                module.offset_grid = window
-    positions.train_grid = window
-    positions.settings["train_grid"] = window
-    positions.follow_scaling_grid()
-
-
 # --- patch ----------------------------------------------------------------------------------------------
 
 
@@ -291,7 +262,7 @@ def patch_swin(
     stages, follow = [], []
     for stage in model.layers:
         positions = _stage_positions(stage, attention, per_scheme)
-        follow.append(_adopt_own_bias(stage, positions, type(model)) if inherited else False)
+        follow.append(adopt_own_bias(stage, positions, type(model)) if inherited else False)
         stages.append(positions)
     names = [i.name for i in schemes if i is not None] or ["nope"]
     model.vispos = SwinPositions(embed, stages, names, follow)
@@ -302,6 +273,7 @@ def patch_swin(
     model.patch_embed.strict_img_size = False  # any size the patches divide; windows pad as timm's dynamic mode
     model.dynamic_img_size = True
     model.__class__ = PATCHED[type(model)]
+    model.register_load_state_dict_pre_hook(adopt_swin_checkpoint)  # plain timm checkpoints
     return model
 
 
@@ -367,22 +339,3 @@ def _stage_positions(
     shape = HostShape(blk.dim, heads, head_dim, len(stage.blocks), 0)
     held = {} if attention is None else {attention.name: per_scheme[attention.name]}
     return host.build_positions(shape, (None, attention, None), held, tuple(blk.window_size), table_prefix=0)
-
-
-def _adopt_own_bias(stage: nn.Module, positions: Positions, family: type) -> bool:
-    """Copy each block's own bias into the stage's per-block scheme modules; -> whether cpb2d's offsets follow the
-    window (Swin V2 without a ``pretrained_window_size``)."""
-    own, source = OWN_BIAS[family]
-    follow = False
-    with torch.no_grad():
-        for blk, module in zip(stage.blocks, positions.attention, strict=True):
-            if own == "relbias2d":
-                module.table.copy_(blk.attn.relative_position_bias_table)
-            else:
-                module.mlp.load_state_dict(blk.attn.cpb_mlp.state_dict())
-                pretrained = tuple(blk.attn.pretrained_window_size)
-                if pretrained[0] > 0:
-                    module.offset_grid = pretrained
-                follow = pretrained[0] <= 0
-    positions.settings["inherited"] = {"from": f"timm {family.__name__}: {source}"}
-    return follow

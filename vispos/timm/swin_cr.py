@@ -14,7 +14,7 @@ Inherited (``inherit=True``, the default): each block's ``meta_mlp`` becomes ``c
 (384 and 0.125 in timm). Cosine attention and ``logit_scale`` stay whatever the scheme. Another scheme discards
 the bias with a ``PretrainedPositionsWarning``; ``inherit=False`` starts fresh silently.
 ``set_input_size(img_size=..., window_size=...)`` is timm's, followed by each stage's positions taking the new
-window (``swin.resize_stage``: the log coordinates need no rescaling).
+window (``swin_checkpoint.resize_stage``: the log coordinates need no rescaling).
 
 What the adapter touches in timm's Swin V2-CR: ``patch_embed`` (``strict_img_size`` written False, its NCHW output
 permuted), ``stages[i]`` (``downsample``, ``blocks``, ``grad_checkpointing``; not its ``forward``), each block's
@@ -40,7 +40,8 @@ from ..host import warn
 from ..positions import Positions
 from ..registry import SchemeInfo
 from .model import PositionsHost
-from .swin import SwinPositions, _embed_positions, _stage_positions, embed_patches, resize_stage, run_stage
+from .swin import SwinPositions, _embed_positions, _stage_positions, embed_patches, run_stage
+from .swin_checkpoint import resize_stage
 from .window import PatchedWindowAttention
 
 SOURCE = "Swin V2-CR's meta_mlp"
@@ -95,7 +96,7 @@ class PatchedSwinCr(PositionsHost):
         window_ratio: Any = None,
         always_partition: bool | None = None,
     ) -> None:
-        """timm's ``set_input_size``; then each stage's positions take its new window (``swin.resize_stage``)."""
+        """timm's ``set_input_size``; then each stage's positions take its new window (``resize_stage``)."""
         super().set_input_size(img_size=img_size, window_size=window_size, window_ratio=window_ratio,
                                always_partition=always_partition)  # fmt: skip
         self.patch_embed.strict_img_size = False
