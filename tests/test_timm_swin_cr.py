@@ -128,6 +128,32 @@ def test_the_inherited_state_dict_loads_into_cpb2d_with_its_options_and_pickles(
         assert type(clone) is type(model) and max_diff(model, clone) == 0.0
 
 
+@pytest.mark.parametrize("size", [56, 112], ids=["same-size", "112px"])
+def test_a_plain_timm_checkpoint_loads_at_its_size_and_another(size):
+    """timm's state dict of the 56 px model into a patched model built at ``size`` (windows of 7 either way): its
+    meta MLPs go to cpb2d, and the outputs are timm's model at ``size`` that loaded the same state dict."""
+    checkpoint = tiny().state_dict()
+    reference = tiny(img_size=size)
+    reference.load_state_dict(checkpoint)
+    model = vispos.patch(copy.deepcopy(reference), "cpb2d")
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if n.startswith("vispos."):
+                p.zero_()  # the control: loading must bring the meta MLPs back
+    assert max_diff(reference, model, size) > 1e-3
+    model.load_state_dict(checkpoint)  # strict
+    assert max_diff(reference, model, size) <= 1e-5
+
+
+def test_a_plain_timm_checkpoint_is_refused_without_a_place_for_its_meta_mlp():
+    checkpoint = tiny().state_dict()
+    model = vispos.patch(tiny(), "rope2d", inherit=False)
+    with pytest.raises(ValueError, match="Swin V2-CR's meta_mlp, which this model .* has no place for"):
+        model.load_state_dict(checkpoint)
+    result = model.load_state_dict(checkpoint, strict=False)
+    assert "stages.0.blocks.0.attn.meta_mlp.fc1.weight" in result.unexpected_keys
+
+
 def test_fx_feature_extraction():
     from timm.models import create_feature_extractor
 

@@ -14,7 +14,10 @@ Inherited (``inherit=True``, the default): each block's ``meta_mlp`` becomes ``c
 (384 and 0.125 in timm). Cosine attention and ``logit_scale`` stay whatever the scheme. Another scheme discards
 the bias with a ``PretrainedPositionsWarning``; ``inherit=False`` starts fresh silently.
 ``set_input_size(img_size=..., window_size=...)`` is timm's, followed by each stage's positions taking the new
-window (``swin_checkpoint.resize_stage``: the log coordinates need no rescaling).
+window (``swin_checkpoint.resize_stage``: the log coordinates need no rescaling). A plain timm checkpoint of the
+model, at this size or another, loads into an inheriting one: its ``meta_mlp`` weights go to cpb2d
+(``adopt_swin_cr_checkpoint``, a load_state_dict pre-hook); a model whose scheme has no place for them refuses
+them, or with ``strict=False`` reports them as unexpected.
 
 What the adapter touches in timm's Swin V2-CR: ``patch_embed`` (``strict_img_size`` written False, its NCHW output
 permuted), ``stages[i]`` (``downsample``, ``blocks``, ``grad_checkpointing``; not its ``forward``), each block's
@@ -25,6 +28,7 @@ by a ``PatchedWindowAttention``); ``set_input_size`` and ``forward_intermediates
 
 from __future__ import annotations
 
+import re
 from types import SimpleNamespace
 from typing import Any
 
@@ -39,12 +43,14 @@ from .._validate import check_bool
 from ..host import warn
 from ..positions import Positions
 from ..registry import SchemeInfo
-from .model import PositionsHost
+from .model import PositionsHost, adopt_timm_checkpoint
 from .swin import SwinPositions, _embed_positions, _stage_positions, embed_patches, run_stage
 from .swin_checkpoint import resize_stage
 from .window import PatchedWindowAttention
 
 SOURCE = "Swin V2-CR's meta_mlp"
+# timm's meta MLP keys -> cpb2d's (``fc1`` -> ``mlp.0``, ``fc2`` -> ``mlp.2``)
+_META = re.compile(r"stages\.(\d+)\.blocks\.(\d+)\.attn\.meta_mlp\.fc([12])\.(weight|bias)$")
 META_MLP: dict[str, Any] = {"coords": "log", "output": "linear", "out_bias": True}  # the cpb2d it is
 
 torch.fx.wrap("embed_patches")  # torch.fx leaves here too (fx wraps by the calling module's globals)
@@ -161,7 +167,32 @@ def patch_swin_cr(
     model.patch_embed.strict_img_size = False  # any size the patches divide; windows pad as timm's dynamic mode
     model.dynamic_img_size = True
     model.__class__ = PatchedSwinTransformerV2Cr
+    model.register_load_state_dict_pre_hook(adopt_swin_cr_checkpoint)
     return model
+
+
+def adopt_swin_cr_checkpoint(model: nn.Module, state_dict: dict[str, Any], prefix: str, *_: Any) -> None:
+    """``load_state_dict`` pre-hook: a plain timm Swin V2-CR checkpoint (any size: the MLP is size-free) gives
+    each block's ``meta_mlp`` to its cpb2d; without an inherited cpb2d it is refused, or with ``strict=False``
+    left for ``load_state_dict`` to report as unexpected."""
+    if any(k.startswith(f"{prefix}vispos.") for k in state_dict):
+        return  # a vispos checkpoint: Positions checks it
+    adopt_timm_checkpoint(model, state_dict, prefix)  # settings records: the model's own
+    found = {k: _META.match(k[len(prefix) :]) for k in state_dict if k.startswith(prefix)}
+    found = {k: m for k, m in found.items() if m is not None}
+    if not found:
+        return
+    if not model.vispos.settings.get("inherited"):
+        if not model.vispos.strict_loading:
+            return
+        raise ValueError(
+            f"this checkpoint holds {SOURCE}, which this model ({' + '.join(model.vispos.settings['pos'])}) has no "
+            "place for: patch with cpb2d (inherit=True) to keep it, load it before patching, or load with "
+            "strict=False to take every other weight"
+        )
+    for key, match in found.items():
+        i, j, fc, name = match.groups()
+        state_dict[f"{prefix}vispos.stages.{i}.attention.{j}.mlp.{0 if fc == '1' else 2}.{name}"] = state_dict.pop(key)
 
 
 def _inherits(attention: SchemeInfo | None, per_scheme: dict[str, dict[str, Any]], own: dict[str, Any]) -> bool:
