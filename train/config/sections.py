@@ -97,6 +97,9 @@ class TrainConfig:
     lr: float = 2e-3
     min_lr: float = 0.0
     weight_decay: float = 0.05
+    # the positional parameters (vispos.*: tables, biases, MLPs, learned frequencies) in a group of their own
+    pos_lr_scale: float = 1.0  # their learning rate: train.lr x this, under the same schedule
+    pos_weight_decay: float = 0.0  # their weight decay (by default none, as timm, Swin and RoPE-ViT leave theirs)
     warmup: float = 0.1  # fraction of all steps with a linear warm-up, then cosine to min_lr (train.engine.schedule)
     grad_clip: float | None = 1.0
     label_smoothing: float = 0.0

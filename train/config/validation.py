@@ -107,6 +107,8 @@ def _validate_ranges(cfg: ExperimentConfig) -> None:
         ("train.lr", t.lr, t.lr > 0, "> 0"),
         ("train.min_lr", t.min_lr, 0 <= t.min_lr <= t.lr, f"in [0, train.lr={t.lr}]"),
         ("train.weight_decay", t.weight_decay, t.weight_decay >= 0, ">= 0"),
+        ("train.pos_lr_scale", t.pos_lr_scale, t.pos_lr_scale > 0, "> 0"),
+        ("train.pos_weight_decay", t.pos_weight_decay, t.pos_weight_decay >= 0, ">= 0"),
         ("train.grad_clip", t.grad_clip, positive_or_null(t.grad_clip), "> 0, or null (no clipping)"),
         ("train.label_smoothing", t.label_smoothing, 0 <= t.label_smoothing < 1, "in [0, 1)"),
         ("train.ema_decay", t.ema_decay, 0 < t.ema_decay < 1, "in (0, 1)"),

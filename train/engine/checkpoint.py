@@ -129,6 +129,9 @@ def fingerprint(cfg: ExperimentConfig, scheme: SchemeConfig) -> dict[str, Any]:
                                                                            "activation_checkpointing")}
     if not cfg.train.ema:  # the EMA settings matter only when it is on (runs made before it keep their fingerprint)
         train = {k: v for k, v in train.items() if not k.startswith("ema")}
+    for key, default in (("pos_lr_scale", 1.0), ("pos_weight_decay", 0.0)):  # at their defaults: runs made before
+        if train[key] == default:
+            train.pop(key)
     if cfg.train.strategy == "ddp":  # likewise the strategy: a DDP run's checkpoint is one file, an FSDP run's sharded
         train.pop("strategy")
     sch = {k: v for k, v in to_dict(scheme).items() if k in ("pos", "options", "drope")}
