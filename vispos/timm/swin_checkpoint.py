@@ -71,7 +71,6 @@ def adopt_swin_checkpoint(model: nn.Module, state_dict: dict[str, Any], prefix: 
             state_dict[key] = value  # no place for it: reported as unexpected
 
 
-
 # --- set_input_size -----------------------------------------------------------------------------------
 
 
