@@ -9,7 +9,7 @@ are (dy, dx) in cells.
 - ``grid_lookup`` (2D passkey): every cell holds one of 4 content glyphs except one marker; the label is
   the glyph at the marker's fixed offset, ``LOOKUP_OFFSETS``: (+2, +2) from a solid marker, (-1, +3)
   from a ring marker (both diagonal: neither offset lies on an axis). Only the offset tells the target
-  cell from the other 4 of its kind.
+  cell from the others of its kind: how many cells hold each glyph is independent of the label.
 - ``grid_direction``: a solid and a ring marker among sparse distractor glyphs; the label is the direction
   from the solid to the ring marker in 8 sectors of 45 degrees centred on E, NE, N, NW, W, SW, S, SE
   (N is up; the diagonal sectors are half the classes).
@@ -89,16 +89,33 @@ def _distractors(rng: np.random.Generator, cells: Cells, free: np.ndarray) -> No
 
 
 def lookup_cells(rng: np.random.Generator, labels: np.ndarray, grid: int) -> Cells:
-    """Every cell a content glyph; one marker; the glyph at the marker's offset is CONTENT[label]."""
+    """Every cell a content glyph; one marker; the glyph at the marker's offset is CONTENT[label].
+
+    The glyphs are drawn independently of the label (redrawn where one of the 4 is missing), and the answer is
+    put in place by swapping the target cell's glyph with a random cell holding CONTENT[label]: the number of
+    each glyph, all that a model without positions sees, says nothing about the label."""
     n = len(labels)
-    cells = np.asarray(CONTENT)[rng.integers(0, len(CONTENT), (n, grid, grid))]
+    content = np.asarray(CONTENT)
     markers = np.asarray(list(LOOKUP_OFFSETS))[rng.integers(0, len(LOOKUP_OFFSETS), n)]
     off = np.asarray([LOOKUP_OFFSETS[m] for m in markers.tolist()]).reshape(n, 2)  # [N, 2] (dy, dx)
     lo, hi = np.maximum(0, -off), grid - np.maximum(0, off)  # marker range keeping the answer inside
     at = lo + (rng.random((n, 2)) * (hi - lo)).astype(np.int64)  # [N, 2] marker (y, x)
     rows = np.arange(n)
-    cells[rows, at[:, 0], at[:, 1]] = markers
-    cells[rows, at[:, 0] + off[:, 0], at[:, 1] + off[:, 1]] = np.asarray(CONTENT)[labels]
+    cells = np.zeros((n, grid, grid), dtype=np.int64)
+    todo = rows
+    while len(todo):  # rejection on a label-free event: every content glyph once or more among the other cells
+        draw = content[rng.integers(0, len(content), (len(todo), grid, grid))]
+        draw[np.arange(len(todo)), at[todo, 0], at[todo, 1]] = EMPTY
+        ok = np.all((draw[..., None] == content).any(axis=(1, 2)), axis=1)
+        cells[todo[ok]] = draw[ok]
+        todo = todo[~ok]
+    target = (at[:, 0] + off[:, 0]) * grid + at[:, 1] + off[:, 1]  # [N] flat index of the answer's cell
+    flat = cells.reshape(n, -1)
+    holds = flat == content[labels][:, None]  # [N, G*G] cells holding the answer's glyph (the marker's: none)
+    keys = np.where(holds, rng.random(holds.shape), -1.0)
+    swap = np.where(holds[rows, target], target, keys.argmax(axis=1))  # the target itself when it holds it
+    flat[rows, swap], flat[rows, target] = flat[rows, target], content[labels]
+    flat[rows, at[:, 0] * grid + at[:, 1]] = markers
     return cells
 
 
