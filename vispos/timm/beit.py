@@ -44,12 +44,14 @@ from ..host import HostShape, OwnRope
 from ..positions import PositionContext
 from .attention import PatchedAttention, positioned_attention
 from .model import (
+    LOAD_ADVICE,
     PositionsHost,
     adopt_timm_checkpoint,
     conditional_tokens,
     embed_tokens,
     position_context,
     positional_groups,
+    refuse_unplaced,
     token_grid,
 )
 
@@ -321,13 +323,9 @@ def adopt_beit_checkpoint(model: PatchedBeit, state_dict: dict[str, Any], prefix
         and len(tables) in (1, len(modules))  # a shared table fills every layer's; per-layer ones need as many
     )
     if not fits:
-        if not model.vispos.strict_loading:
-            return  # reported by load_state_dict as unexpected keys
-        raise ValueError(
-            f"this checkpoint holds timm BEiT's relative position bias ({len(tables)} table(s)), which this model "
-            f"({' + '.join(model.vispos.settings['pos'])}) has no place for: patch with relbias2d to keep it, "
-            "load it before patching, or load with strict=False to take every other weight"
-        )
+        refuse_unplaced(model, f"timm BEiT's relative position bias ({len(tables)} table(s))",
+                        f"patch with relbias2d to keep it, {LOAD_ADVICE}")  # fmt: skip
+        return  # reported by load_state_dict as unexpected keys
     for key in keys:
         del state_dict[key]
     for i, module in enumerate(modules):

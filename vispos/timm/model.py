@@ -15,6 +15,7 @@ symbolic trace cannot, and run as one graph node each.
 from __future__ import annotations
 
 import importlib
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -218,17 +219,40 @@ def adopt_timm_checkpoint(model: PatchedViT, state_dict: dict[str, Any], prefix:
     additive = model.vispos.additive
     adopt = getattr(additive, "adopt_pos_embed", None)
     if adopt is None or not adopt(table):
-        if not model.vispos.strict_loading:
-            return  # reported by load_state_dict as an unexpected key
-        raise ValueError(
-            f"this checkpoint holds timm's own pos_embed {tuple(table.shape)}, which this model "
-            f"({_scheme_names(model)}) has no place for: load the checkpoint before patching "
-            "(model.load_state_dict(...), then vispos.patch(model, ...)), patch with learned2d to keep it, "
-            "or load with strict=False to take every other weight and start the positions fresh"
-        )
+        refuse_unplaced(model, f"timm's own pos_embed {tuple(table.shape)}",
+                        "load the checkpoint before patching (model.load_state_dict(...), then vispos.patch(model, "
+                        "...)), patch with learned2d to keep it, or load with strict=False to take every other weight "
+                        "and start the positions fresh")  # fmt: skip
+        return  # reported by load_state_dict as an unexpected key
     del state_dict[key]
     for name, value in additive.state_dict().items():  # the adopted table, under the patched model's keys
         state_dict[f"{prefix}vispos.additive.{name}"] = value
+
+
+# the end of a family hook's advice to ``refuse_unplaced``, after its own "patch with ... to keep it, "
+LOAD_ADVICE = "load it before patching, or load with strict=False to take every other weight"
+
+
+def refuse_unplaced(model: nn.Module, what: str, advice: str) -> None:
+    """A plain timm checkpoint holds ``what``, which this model's scheme has no place for: a ``ValueError``
+    (saying so, then ``advice``) when loading strictly; else nothing, the caller leaves the keys in the state
+    dict and ``load_state_dict(strict=False)`` reports them as unexpected."""
+    if model.vispos.strict_loading:
+        raise ValueError(f"this checkpoint holds {what}, which this model ({_scheme_names(model)}) has no place for: "
+                         f"{advice}")  # fmt: skip
+
+
+def adopt_and_match(
+    model: nn.Module, state_dict: dict[str, Any], prefix: str, pattern: re.Pattern[str]
+) -> dict[str, re.Match[str]] | None:
+    """A family hook's start: None for a vispos checkpoint (``Positions`` checks it); for a plain timm one,
+    ``adopt_timm_checkpoint`` (settings records: the model's own), then its keys under ``prefix`` that
+    ``pattern`` matches (after the prefix), each with its match."""
+    if any(k.startswith(f"{prefix}vispos.") for k in state_dict):
+        return None
+    adopt_timm_checkpoint(model, state_dict, prefix)
+    found = {k: pattern.match(k[len(prefix) :]) for k in state_dict if k.startswith(prefix)}
+    return {k: m for k, m in found.items() if m is not None}
 
 
 def _adopt_rope_freqs(model: PatchedViT, state_dict: dict[str, Any], prefix: str) -> None:

@@ -239,6 +239,12 @@ def vispos_entries(
     return out
 
 
+def _first_attention(model: nn.Module) -> nn.Module:
+    """The attention scheme of the first layer (per layer or shared, as the model holds it)."""
+    attention = model.vispos.attention
+    return attention[0] if isinstance(attention, nn.ModuleList) else attention
+
+
 def _rel_pos_layout(model: nn.Module) -> dict[str, Any] | None:
     """How this patched model's inherited bias maps timm's keys (``vispos_entries``' arguments), or None when
     it inherited none."""
@@ -246,7 +252,7 @@ def _rel_pos_layout(model: nn.Module) -> dict[str, Any] | None:
     if "timm_rel_pos" not in inherited:
         return None
     scheme = inherited["timm_rel_pos"]
-    first = model.vispos.attention[0] if isinstance(model.vispos.attention, nn.ModuleList) else model.vispos.attention
+    first = _first_attention(model)
     h, w = model.vispos.train_grid
     return {"depth": len(model.blocks), "per_layer": isinstance(model.vispos.attention, nn.ModuleList),
             "scheme": scheme, "table_rows": (2 * h - 1) * (2 * w - 1) if hasattr(first, "table") else 0}  # fmt: skip
@@ -267,7 +273,7 @@ def _resample_tables(model: nn.Module, state_dict: dict[str, Any], prefix: str, 
     """RelPosBias tables of a checkpoint at another grid (the model built at another size) -> this model's
     training grid, in place, as timm's ``checkpoint_filter_fn`` resamples them (``resize_rel_pos_bias_table``:
     a square source grid assumed, the class token's rows kept)."""
-    first = model.vispos.attention[0] if isinstance(model.vispos.attention, nn.ModuleList) else model.vispos.attention
+    first = _first_attention(model)
     rows = table_rows + (0 if first.prefix_bias is None else first.prefix_bias.shape[0])
     for key in [k for k in state_dict if k.startswith(prefix) and k.endswith("rel_pos.relative_position_bias_table")]:
         table = state_dict[key]

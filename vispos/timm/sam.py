@@ -46,7 +46,7 @@ from ..encodings.decomposed import Decomposed2d
 from ..host import HostShape, OwnRope
 from ..positions import PositionContext, Positions
 from .attention import PatchedAttention, positioned_attention
-from .model import PositionsHost, adopt_timm_checkpoint, positional_groups, token_grid
+from .model import LOAD_ADVICE, PositionsHost, adopt_timm_checkpoint, positional_groups, refuse_unplaced, token_grid
 
 
 @dataclass
@@ -288,13 +288,9 @@ def adopt_sam_checkpoint(model: PatchedSam, state_dict: dict[str, Any], prefix: 
         return
     attention = model.vispos.attention
     if not (isinstance(attention, nn.ModuleList) and all(isinstance(m, Decomposed2d) for m in attention)):
-        if not model.vispos.strict_loading:
-            return  # reported by load_state_dict as unexpected keys
-        raise ValueError(
-            f"this checkpoint holds timm SAM's decomposed relative tables, which this model "
-            f"({' + '.join(model.vispos.settings['pos'])}) has no place for: patch with decomposed2d to keep them, "
-            "load it before patching, or load with strict=False to take every other weight"
-        )
+        refuse_unplaced(model, "timm SAM's decomposed relative tables",
+                        f"patch with decomposed2d to keep them, {LOAD_ADVICE}")  # fmt: skip
+        return  # reported by load_state_dict as unexpected keys
     for key in keys:
         layer, name = key[len(f"{prefix}blocks.") :].split(".attn.")
         at = f"{prefix}vispos.attention.{layer}."

@@ -22,7 +22,7 @@ from torch import nn
 
 from ..encodings.relbias import ContinuousBias2d, RelBias2d
 from ..positions import Positions
-from .model import adopt_timm_checkpoint
+from .model import LOAD_ADVICE, adopt_and_match, refuse_unplaced
 
 OWN_BIAS: dict[type, tuple[str, str]] = {  # the scheme each family's own bias is, and where it was read
     SwinTransformer: ("relbias2d", "Swin's relative_position_bias_table"),
@@ -36,24 +36,18 @@ def adopt_swin_checkpoint(model: nn.Module, state_dict: dict[str, Any], prefix: 
     """``load_state_dict`` pre-hook: a plain timm Swin / Swin V2 checkpoint (same or another window) loads into
     a patched model that inherited its bias; one whose bias the model's scheme has no place for is refused, or
     with ``strict=False`` reported as unexpected."""
-    if any(k.startswith(f"{prefix}vispos.") for k in state_dict):
+    found = adopt_and_match(model, state_dict, prefix, _OWN)
+    if found is None:
         return  # a vispos checkpoint: Positions checks it
-    adopt_timm_checkpoint(model, state_dict, prefix)  # settings records: the model's own
     for key in [k for k in state_dict if k.startswith(prefix) and k.rsplit(".", 1)[-1] in _BUFFERS]:
         del state_dict[key]
-    found = {k: _OWN.match(k[len(prefix) :]) for k in state_dict if k.startswith(prefix)}
-    found = {k: m for k, m in found.items() if m is not None}
     if not found:
         return
     if not model.vispos.settings.get("inherited"):
-        if not model.vispos.strict_loading:
-            return  # reported by load_state_dict as unexpected keys
-        raise ValueError(
-            f"this checkpoint holds timm Swin's own relative position bias, which this model "
-            f"({' + '.join(model.vispos.settings['pos'])}) has no place for: patch with the model's own scheme "
-            "(relbias2d for Swin, cpb2d for Swin V2, inherit=True) to keep it, load it before patching, or load "
-            "with strict=False to take every other weight"
-        )
+        refuse_unplaced(model, "timm Swin's own relative position bias",
+                        "patch with the model's own scheme (relbias2d for Swin, cpb2d for Swin V2, inherit=True) to "
+                        f"keep it, {LOAD_ADVICE}")  # fmt: skip
+        return  # reported by load_state_dict as unexpected keys
     for key, match in found.items():
         i, j = int(match.group(1)), int(match.group(2))
         module = model.vispos.stages[i].attention[j]

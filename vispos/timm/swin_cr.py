@@ -43,7 +43,7 @@ from .._validate import check_bool
 from ..host import warn
 from ..positions import Positions
 from ..registry import SchemeInfo
-from .model import PositionsHost, adopt_timm_checkpoint
+from .model import LOAD_ADVICE, PositionsHost, adopt_and_match, refuse_unplaced
 from .swin import SwinPositions, _embed_positions, _stage_positions, embed_patches, run_stage
 from .swin_checkpoint import resize_stage
 from .window import PatchedWindowAttention
@@ -175,21 +175,12 @@ def adopt_swin_cr_checkpoint(model: nn.Module, state_dict: dict[str, Any], prefi
     """``load_state_dict`` pre-hook: a plain timm Swin V2-CR checkpoint (any size: the MLP is size-free) gives
     each block's ``meta_mlp`` to its cpb2d; without an inherited cpb2d it is refused, or with ``strict=False``
     left for ``load_state_dict`` to report as unexpected."""
-    if any(k.startswith(f"{prefix}vispos.") for k in state_dict):
-        return  # a vispos checkpoint: Positions checks it
-    adopt_timm_checkpoint(model, state_dict, prefix)  # settings records: the model's own
-    found = {k: _META.match(k[len(prefix) :]) for k in state_dict if k.startswith(prefix)}
-    found = {k: m for k, m in found.items() if m is not None}
+    found = adopt_and_match(model, state_dict, prefix, _META)
     if not found:
-        return
+        return  # a vispos checkpoint, or no meta_mlp in it
     if not model.vispos.settings.get("inherited"):
-        if not model.vispos.strict_loading:
-            return
-        raise ValueError(
-            f"this checkpoint holds {SOURCE}, which this model ({' + '.join(model.vispos.settings['pos'])}) has no "
-            "place for: patch with cpb2d (inherit=True) to keep it, load it before patching, or load with "
-            "strict=False to take every other weight"
-        )
+        refuse_unplaced(model, SOURCE, f"patch with cpb2d (inherit=True) to keep it, {LOAD_ADVICE}")
+        return  # reported by load_state_dict as unexpected keys
     for key, match in found.items():
         i, j, fc, name = match.groups()
         state_dict[f"{prefix}vispos.stages.{i}.attention.{j}.mlp.{0 if fc == '1' else 2}.{name}"] = state_dict.pop(key)
