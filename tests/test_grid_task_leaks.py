@@ -1,7 +1,8 @@
-"""The count task's label is readable only from where the glyphs are: neither which glyph types an image
-holds nor how many of each says anything about it. Checked with the best classifier there is on such a
-discrete feature (each feature value's majority label, learnt on one split, scored on another), which a
-leaking generator (its near glyphs of one type) drives far above chance."""
+"""A grid task's label is readable only from where the glyphs are. Counting: neither which glyph types an
+image holds nor how many of each says anything about it, checked with the best classifier there is on such
+a discrete feature (each feature value's majority label, learnt on one split, scored on another), which a
+leaking generator (its near glyphs of one type) drives far above chance. Every task: the bag of patches, all
+that a model without positions sees, gives a linear classifier chance accuracy on held-out images."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import pytest
 import torch
 
 from train.data.grid_tasks import COUNT_MAX, COUNT_RADIUS, generate, render
+
+TASKS = ("grid_lookup", "grid_direction", "grid_placement", "grid_count")
 
 ART = {  # the glyphs written out again (row-major, '#' on): the decoder must not share the generator's bank
     "hbar": "....########....", "vbar": ".##..##..##..##.", "diag": "##..###..###..##",
@@ -101,3 +104,43 @@ def test_the_check_catches_near_glyphs_of_one_type(name: str, splits: dict) -> N
     """Negative control: the same check flags a generator whose near glyphs are all hbars."""
     acc = best_accuracy(FEATURES[name], splits["leaky train"], splits["leaky test"])
     assert acc >= CHANCE + MARGIN, acc
+
+
+def bag_of_patches(images: torch.Tensor) -> np.ndarray:
+    """[N, 1, H, W] -> [N, 7]: how many cells are empty and how many hold each glyph (markers included): the
+    patches as a set, all that a model without positions can see of an image."""
+    cells = decode(images).reshape(len(images), -1) + 1  # 0: empty
+    return np.stack([np.bincount(row, minlength=len(ART) + 1) for row in cells]).astype(float)
+
+
+def linear_accuracy(x: np.ndarray, y: np.ndarray, x_test: np.ndarray, y_test: np.ndarray) -> float:
+    """Held-out accuracy of linear discriminant analysis (class means, pooled covariance) on features x."""
+    classes = np.unique(y)
+    means = np.stack([x[y == k].mean(0) for k in classes])
+    cov = np.cov((x - means[np.searchsorted(classes, y)]).T) + 1e-6 * np.eye(x.shape[1])
+    w = np.linalg.solve(cov, means.T)  # [F, K]
+    scores = x_test @ w - 0.5 * np.einsum("kf,fk->k", means, w)
+    return float((classes[scores.argmax(1)] == y_test).mean())
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_a_model_without_positions_has_nothing_to_go_on(task: str) -> None:
+    """The glyph counts (the markers' too) are independent of the label: the best linear classifier of the
+    bag of patches scores chance on held-out images, where a +1 count of the answer's glyph (the lookup's
+    answer written over uniformly drawn glyphs) scores about 31 % against 25."""
+    images, labels = generate.__wrapped__(task, grid=GRID, per_class=1500, seed=7)
+    test_images, test_labels = generate.__wrapped__(task, grid=GRID, per_class=1000, seed=8)
+    chance = 1 / (int(labels.max()) + 1)
+    acc = linear_accuracy(bag_of_patches(images), labels.numpy(), bag_of_patches(test_images), test_labels.numpy())
+    se = np.sqrt(chance * (1 - chance) / len(test_labels))
+    assert acc < chance + 3 * se, (acc, chance)
+
+
+def test_lookup_answers_are_not_more_frequent_than_the_other_glyphs() -> None:
+    images, labels = generate.__wrapped__("grid_lookup", grid=GRID, per_class=2000, seed=2)
+    bag = bag_of_patches(images)[:, [list(ART).index(t) + 1 for t in CONTENT]]  # [N, 4] content counts
+    most_frequent = (bag + 1e-3 * np.random.default_rng(0).random(bag.shape)).argmax(1)
+    chance, se = 0.25, np.sqrt(0.25 * 0.75 / len(labels))
+    assert (most_frequent == labels.numpy()).mean() < chance + 3 * se
+    own = bag[np.arange(len(labels)), labels.numpy()]  # the answer's glyph count, against the others' mean
+    assert abs(own.mean() - (bag.sum(1) - own).mean() / 3) < 0.3

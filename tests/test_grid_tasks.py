@@ -127,48 +127,6 @@ def test_count_task_keeps_distractors_outside_the_radius_and_lookup_fills_the_gr
     assert all(sum(c is None for row in decode(im) for c in row) == 0 for im in images)
 
 
-def bag_of_patches(images: torch.Tensor) -> np.ndarray:
-    """[N, 1, H, W] -> [N, 7]: how many cells hold each glyph (and how many are empty), all that a model
-    without positions can see of an image (its patches as a set)."""
-    cells = images[:, 0].unfold(1, 4, 4).unfold(2, 4, 4).reshape(len(images), -1, 16)  # [N, cells, 16]
-    bank = torch.tensor([[c == "#" for c in "." * 16]] + [[c == "#" for c in ART[n]] for n in NAMES])  # [7, 16]
-    kind = ((cells > 0)[:, :, None, :] == bank[None, None]).all(-1).float().argmax(-1)  # [N, cells]
-    return torch.nn.functional.one_hot(kind, len(bank)).sum(1).numpy().astype(float)
-
-
-def linear_accuracy(x: np.ndarray, y: np.ndarray, x_test: np.ndarray, y_test: np.ndarray) -> float:
-    """Held-out accuracy of linear discriminant analysis (class means, pooled covariance) on features x."""
-    classes = np.unique(y)
-    means = np.stack([x[y == k].mean(0) for k in classes])
-    cov = np.cov((x - means[np.searchsorted(classes, y)]).T) + 1e-6 * np.eye(x.shape[1])
-    w = np.linalg.solve(cov, means.T)  # [F, K]
-    scores = x_test @ w - 0.5 * np.einsum("kf,fk->k", means, w)
-    return float((classes[scores.argmax(1)] == y_test).mean())
-
-
-@pytest.mark.parametrize("task", list(RULES))
-def test_a_model_without_positions_has_nothing_to_go_on(task: str) -> None:
-    """The glyph counts (and the markers') are independent of the label: the best linear classifier of
-    the bag of patches scores chance on held-out images, where a +1 count of the answer's glyph (the
-    lookup's answer placed on top of uniformly drawn glyphs) scores about 31 % against 25."""
-    images, labels = generate(task, grid=8, per_class=1500, seed=7)
-    test_images, test_labels = generate(task, grid=8, per_class=1000, seed=8)
-    chance = 1 / (int(labels.max()) + 1)
-    acc = linear_accuracy(bag_of_patches(images), labels.numpy(), bag_of_patches(test_images), test_labels.numpy())
-    se = math.sqrt(chance * (1 - chance) / len(test_labels))
-    assert acc < chance + 3 * se, (acc, chance)
-
-
-def test_lookup_answers_are_not_more_frequent_than_the_other_glyphs() -> None:
-    images, labels = generate("grid_lookup", grid=8, per_class=2000, seed=2)
-    bag = bag_of_patches(images)[:, [NAMES.index(n) + 1 for n in CONTENT]]  # [N, 4] content counts
-    most_frequent = torch.from_numpy(bag + 1e-3 * np.random.default_rng(0).random(bag.shape)).argmax(1)
-    chance, se = 0.25, math.sqrt(0.25 * 0.75 / len(labels))
-    assert (most_frequent == labels).float().mean().item() < chance + 3 * se
-    own = bag[np.arange(len(labels)), labels.numpy()]  # the answer's glyph count, against the others' mean
-    assert abs(own.mean() - (bag.sum(1) - own).mean() / 3) < 0.3
-
-
 def test_generation_is_a_function_of_the_seed() -> None:
     a = generate.__wrapped__("grid_direction", grid=8, per_class=4, seed=5)
     b = generate.__wrapped__("grid_direction", grid=8, per_class=4, seed=5)

@@ -34,7 +34,7 @@ from .experiment.loading import load_config
 from .experiment.run import run_experiment
 
 TASKS: tuple[str, ...] = ("grid_lookup", "grid_direction", "grid_placement", "grid_count")
-PROTOCOL_ORDER = ("canvas", "resize")
+PROTOCOL_ORDER = ("canvas", "zoom", "resize")
 
 
 class _NamesAndOverrides(argparse.Action):
@@ -169,10 +169,14 @@ def format_report(results: dict[str, RunResult], command: str, seconds: float) -
         "",
         f"Made by `{command}` in {seconds:.0f} s ({first.device}; training, summed over entries and seeds as "
         f"recorded when each was trained: {trained / 60:.1f} min). Trained at a {first.train_size // GLYPH} x "
-        f"{first.train_size // GLYPH} grid ({first.train_size} px, {GLYPH} px cells = patches); "
+        f"{first.train_size // GLYPH} grid ({first.train_size} px, {GLYPH} px cells = patches)"
+        + (f", scenes also drawn at zooms {zooms[1:]} (cells of {GLYPH} x zoom px) on the same pixels; "
+           if len(zooms := first.config.get("data", {}).get("zooms", [1])) > 1 else "; ")
         + (f"mean ± sample std over seeds {', '.join(map(str, seeds))}; " if len(seeds) > 1 else f"seed {seeds[0]}; ")
         + "top-1 %. canvas: a new image drawn by the task's rule at the evaluation grid (same cell size, more "
-        "cells); resize: the training-grid image resized (same content, larger cells).",
+        "cells); zoom: the validation scenes of the training grid drawn on more pixels (larger cells, same "
+        "cells); resize: the training-grid image resized (same content, larger cells, bicubic). Columns: "
+        "patches per side.",
         "",
     ]
     for protocol in PROTOCOL_ORDER:

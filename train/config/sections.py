@@ -20,7 +20,7 @@ from . import schema
 from .entries import RunConfig, SchemeEntry, expand_shorthand
 from .schema import ConfigError
 
-PROTOCOLS: tuple[str, ...] = ("resize", "canvas")
+PROTOCOLS: tuple[str, ...] = ("resize", "canvas", "zoom")  # zoom: generated datasets only (grid tasks)
 SHORTHAND_WORDS: dict[str, dict[str, Any]] = {"logn": {"log_n_attention": True}}  # besides the RoPE scalings
 PATCH_OPTIONS = [p.name for p in inspect.signature(vispos.patch).parameters.values() if p.kind is p.KEYWORD_ONLY]
 TIMM_TABLE = "timm"  # pos name meaning: keep timm's own learned table (dynamic_img_size=True), no patch
@@ -51,6 +51,9 @@ class DataConfig:
     crop_pct: float = 0.875  # folder: eval resize to floor(img_size / crop_pct), then centre crop (timm)
     mean: list[float] | None = None  # None: the dataset's own statistics (Fashion-MNIST) or ImageNet's
     std: list[float] | None = None
+    # grid tasks: training scenes drawn with cells of 4 x z px for each zoom z (the images split evenly), scale
+    # augmentation that shows the zoom protocol's larger cells in training; [1]: the training scale only
+    zooms: list[int] = field(default_factory=lambda: [1])
 
 
 @dataclass
@@ -149,7 +152,7 @@ class EvalConfig:
 
     sizes: list[int] | None = None  # evaluation resolutions in pixels
     scales: list[float] | None = None  # or multiples of the training resolution (rounded to the patch)
-    protocols: list[Literal["resize", "canvas"]] = field(default_factory=lambda: list(PROTOCOLS))
+    protocols: list[Literal["resize", "canvas", "zoom"]] = field(default_factory=lambda: ["resize", "canvas"])
     canvas_position: Literal["center", "random"] = "center"
     canvas_snap: bool = True  # canvas offsets are multiples of the patch size (patches keep their content)
     canvas_fill: float | None = None  # background in pixel units [0, 1]; None: black (Fashion-MNIST), mean

@@ -47,6 +47,16 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
         raise ConfigError("eval: give exactly one of sizes (pixels) or scales (multiples of data.img_size)")
     if not e.protocols or len(set(e.protocols)) != len(e.protocols):
         raise ConfigError(f"eval.protocols: list each of {', '.join(PROTOCOLS)} at most once, at least one")
+    if not d.dataset.startswith("grid_"):
+        if d.zooms != [1]:
+            raise ConfigError(f"data.zooms draws generated scenes larger (grid tasks); {d.dataset} images are "
+                              "scale-augmented with data.augment=rrc_flip")
+        if "zoom" in e.protocols:
+            raise ConfigError(f"eval.protocols: zoom draws the same scenes on more pixels, which only a generated "
+                              f"dataset (grid_*) can; for {d.dataset}, train below the native resolution "
+                              "(data.img_size) and evaluate up to it with resize, which is the same protocol")
+    elif not d.zooms or len(set(d.zooms)) != len(d.zooms) or min(d.zooms) < 1:
+        raise ConfigError(f"data.zooms: distinct positive integers (cells of 4 x z px), got {d.zooms}")
     if d.dataset == "folder" and d.root is None:
         raise ConfigError("data.root: a folder dataset needs the folder holding train/ and val/")
     if d.classes is not None and d.class_file is not None:

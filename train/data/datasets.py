@@ -30,6 +30,8 @@ class TensorImages:
     labels: Tensor
     # generated datasets: the same set drawn at another image size (px), which the canvas protocol evaluates on
     at_size: Callable[[int], TensorImages] | None = None
+    # generated datasets: the same scenes drawn on more pixels (an image size, px), for the zoom protocol
+    at_zoom: Callable[[int], TensorImages] | None = None
 
     def __len__(self) -> int:
         return len(self.labels)

@@ -69,11 +69,13 @@ DISTRACTORS = 0.15  # fraction of the free cells holding a content glyph (direct
 Cells = np.ndarray  # [N, G, G] int64 cell values (EMPTY, or a glyph's value)
 
 
-def render(cells: Cells) -> Tensor:
-    """Cell values [N, G, G] -> uint8 images [N, 1, G * GLYPH, G * GLYPH]."""
+def render(cells: Cells, cell: int = GLYPH) -> Tensor:
+    """Cell values [N, G, G] -> uint8 images [N, 1, G * cell, G * cell]: each glyph drawn on ``cell`` x ``cell``
+    pixels (nearest neighbour from its 4 x 4 art: exact at multiples of 4)."""
     n, g, _ = cells.shape
-    pix = BANK[cells]  # [N, G, G, 4, 4]
-    pix = pix.transpose(0, 1, 3, 2, 4).reshape(n, g * GLYPH, g * GLYPH)  # [N, G*4, G*4]
+    idx = np.arange(cell) * GLYPH // cell
+    pix = BANK[:, idx][:, :, idx][cells]  # [N, G, G, cell, cell]
+    pix = pix.transpose(0, 1, 3, 2, 4).reshape(n, g * cell, g * cell)  # [N, G*cell, G*cell]
     return torch.from_numpy(np.ascontiguousarray(pix)).unsqueeze(1)
 
 
@@ -221,18 +223,24 @@ def classes_of(task: str) -> list[str]:
 
 
 @functools.lru_cache(maxsize=32)
-def generate(task: str, *, grid: int, per_class: int, seed: int) -> tuple[Tensor, Tensor]:
-    """Images uint8 [N, 1, grid * GLYPH, grid * GLYPH] and labels int64 [N] of ``task`` (not a control),
-    ``per_class`` per class, a function of (task, grid, per_class, seed) only. Cached: callers never modify
-    the tensors."""
+def scenes(task: str, *, grid: int, per_class: int, seed: int) -> tuple[Cells, Tensor]:
+    """Cell values [N, grid, grid] and labels int64 [N] of ``task`` (not a control), ``per_class`` per class,
+    a function of (task, grid, per_class, seed) only. Cached: callers never modify the arrays."""
     if task not in _TASKS:
         raise DataError(f"unknown grid task {task!r}; known: {', '.join(_TASKS)}")
     names, draw = _TASKS[task]
     grid_of(grid * GLYPH, "generate", task)
     rng = np.random.default_rng(mix_seed(zlib.crc32(task.encode()), grid, seed))
     labels = balanced_labels(rng, len(names), per_class)
-    cells = draw(rng, labels, grid)
-    return render(cells), torch.from_numpy(labels).long()
+    return draw(rng, labels, grid), torch.from_numpy(labels).long()
+
+
+@functools.lru_cache(maxsize=32)
+def generate(task: str, *, grid: int, per_class: int, seed: int, cell: int = GLYPH) -> tuple[Tensor, Tensor]:
+    """Images uint8 [N, 1, grid * cell, grid * cell] and labels int64 [N]: ``scenes`` drawn with ``cell`` px
+    cells (the same scenes at every cell size). Cached: callers never modify the tensors."""
+    cells, labels = scenes(task, grid=grid, per_class=per_class, seed=seed)
+    return render(cells, cell), labels
 
 
 def grid_of(size: int, where: str, task: str | None = None) -> int:
@@ -249,34 +257,71 @@ def grid_of(size: int, where: str, task: str | None = None) -> int:
     return grid
 
 
+def zoomed_grid(size: int, grid: int, where: str) -> int:
+    """The cell size (px) that draws a ``grid`` x ``grid`` scene on ``size`` px: sizes must be whole multiples."""
+    if size < grid or size % grid:
+        raise DataError(f"{where}: the zoom protocol draws the training grid's {grid} x {grid} cells larger, so "
+                        f"sizes are multiples of {grid} px, got {size}")
+    return size // grid
+
+
 def _val_at(task: str, per_class: int, size: int) -> TensorImages:
     images, labels = generate(task, grid=grid_of(size, "evaluation size", task), per_class=per_class, seed=VAL_SEED)
     return TensorImages(images, labels)
 
 
+def _val_zoomed(task: str, per_class: int, grid: int, size: int) -> TensorImages:
+    cell = zoomed_grid(size, grid, "evaluation size")
+    images, labels = generate(task, grid=grid, per_class=per_class, seed=VAL_SEED, cell=cell)
+    return TensorImages(images, labels)
+
+
+def zoom_grids(img_size: int, zooms: list[int], task: str) -> dict[int, int]:
+    """Training zoom -> the grid of its scenes on ``img_size`` px (cells of GLYPH x zoom px), checked against
+    the task's ``MIN_GRID``."""
+    out = {}
+    for z in zooms:
+        if z < 1 or img_size % (GLYPH * z):
+            raise DataError(f"data.zooms: zoom {z} draws {GLYPH * z} px cells, which do not tile data.img_size "
+                            f"{img_size} px; use positive zooms z with img_size a multiple of {GLYPH} x z")
+        out[z] = grid = img_size // (GLYPH * z)
+        least, why = MIN_GRID[task]
+        if grid < least:
+            raise DataError(f"data.zooms: zoom {z} draws {task} scenes of {grid} x {grid} cells on {img_size} px; "
+                            f"the task needs {why}: at least {least} x {least} cells")
+    return out
+
+
 def build_grid_data(*, dataset: str, img_size: int, train_per_class: int | None, val_per_class: int | None,
                     augment: str, mean: list[float] | None, std: list[float] | None,
-                    class_choice: bool) -> DataBundle:
+                    class_choice: bool, zooms: list[int] | None = None) -> DataBundle:
     """The training and validation sets of a grid task at ``img_size`` px; the validation set redraws
-    itself at any evaluation size (``at_size``, the canvas protocol)."""
+    itself at any evaluation size (``at_size``, the canvas protocol) and draws its scenes larger
+    (``at_zoom``, the zoom protocol). With several ``zooms`` the training images are split evenly between
+    them: scenes of img_size / (4 z) cells per side, each cell drawn on 4 z px (scale augmentation)."""
     if dataset not in GRID_TASKS:
         raise DataError(f"unknown grid task {dataset!r}; known: {', '.join(GRID_TASKS)}")
     if augment != "none":
         raise DataError(f"data.augment={augment!r}: grid tasks take no augmentation (a flip or crop changes the "
-                        "answer: direction, region, offset); accepted: none")
+                        "answer: direction, region, offset); accepted: none; scale augmentation: data.zooms")
     if class_choice:
         raise DataError("data.classes / class_file / num_classes: a grid task's classes are fixed by the task")
     task = CONTROLS.get(dataset, dataset)
     grid = grid_of(img_size, "data.img_size", task)
+    grids = zoom_grids(img_size, list(zooms or [1]), task)
     classes = classes_of(dataset)
     n_train, n_val = (per_class or max(1, DEFAULT_IMAGES[split].get(task, DEFAULT_SPLIT_IMAGES[split]) // len(classes))
                       for split, per_class in (("train", train_per_class), ("val", val_per_class)))
-    images, labels = generate(task, grid=grid, per_class=n_train, seed=TRAIN_SEED)
+    shares = [n_train // len(grids) + (i < n_train % len(grids)) for i in range(len(grids))]  # per class, per zoom
+    parts = [generate(task, grid=g, per_class=k, seed=TRAIN_SEED, cell=GLYPH * z)
+             for (z, g), k in zip(grids.items(), shares, strict=True) if k]
+    images, labels = torch.cat([im for im, _ in parts]), torch.cat([lab for _, lab in parts])
     if dataset in CONTROLS:  # the control: labels permuted once, independently of the images
         rng = np.random.default_rng(mix_seed(zlib.crc32(dataset.encode()), grid))
         labels = labels[torch.from_numpy(rng.permutation(len(labels)))]
     val = _val_at(task, n_val, img_size)
     val.at_size = functools.partial(_val_at, task, n_val)
+    val.at_zoom = functools.partial(_val_zoomed, task, n_val, grid)
     canvas = (f"a new validation set drawn by the {task} rule at each evaluation grid ({GLYPH} px cells, the "
               "training scale; more cells, not a padded training-size image)")
     return DataBundle(TensorImages(images, labels), val, classes, 1, tuple(mean or (0.5,)),

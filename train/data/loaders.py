@@ -1,4 +1,4 @@
-"""Batches for training and for the two evaluation protocols.
+"""Batches for training and for the evaluation protocols.
 
 Training order is a function of (seed, epoch) only, and augmentation randomness of (seed, epoch, step)
 or (seed, epoch, index): a global batch is the same whatever the number of processes, and a resumed
@@ -14,6 +14,9 @@ Evaluation protocols, for an evaluation size S and a training size T:
   is cropped to S x S instead (centre or random crop), still at training scale. With ``canvas_snap``
   the offset is a multiple of the patch size, so every patch holds exactly the pixels it held in
   training. A generated dataset (``TensorImages.at_size``, the grid tasks) is drawn afresh at S x S.
+- ``zoom`` (generated datasets, ``TensorImages.at_zoom``): the same scenes drawn on S x S pixels, every cell
+  S / T times larger: more pixels of the same content, as a larger photograph of the same scene is. (For
+  photographs, ``resize`` below the native resolution is this protocol.)
 """
 
 from __future__ import annotations
@@ -172,8 +175,9 @@ class EvalLoader:
         if isinstance(ds, TensorImages):
             for step, pos in enumerate(chunks):
                 idx = self.subset[pos]
-                if protocol == "canvas" and ds.at_size is not None:  # a generated set, drawn at this size
-                    drawn = ds.at_size(size)
+                drawn = {"canvas": ds.at_size, "zoom": ds.at_zoom}.get(protocol)  # a generated set, drawn anew
+                if drawn is not None:
+                    drawn = drawn(size)
                     x, y = drawn.images[idx].float().div_(255.0), drawn.labels[idx]
                 else:
                     x, y = ds.images[idx].float().div_(255.0), ds.labels[idx]

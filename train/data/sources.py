@@ -167,7 +167,7 @@ def build_data(cfg: DataConfig) -> DataBundle:
         class_choice = cfg.classes is not None or cfg.class_file is not None or cfg.num_classes is not None
         return build_grid_data(dataset=cfg.dataset, img_size=cfg.img_size, train_per_class=cfg.train_per_class,
                                val_per_class=cfg.val_per_class, augment=cfg.augment, mean=cfg.mean, std=cfg.std,
-                               class_choice=class_choice)
+                               class_choice=class_choice, zooms=cfg.zooms)
     if cfg.dataset == "fashion_mnist":
         folder = find_fashion_mnist(cfg.root)
         classes = select_classes(FMNIST_CLASSES, cfg)

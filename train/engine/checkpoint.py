@@ -125,6 +125,8 @@ def fingerprint(cfg: ExperimentConfig, scheme: SchemeConfig) -> dict[str, Any]:
     """What determines the trained weights; a checkpoint is resumed only when this matches."""
     cfg = scheme_config(cfg, scheme)
     data = {k: v for k, v in to_dict(cfg.data).items() if k != "workers"}
+    if data["zooms"] == [1]:  # the training scale only: runs made before data.zooms keep their fingerprint
+        data.pop("zooms")
     train = {k: v for k, v in to_dict(cfg.train).items() if k not in ("checkpoint_every", "compile", "log_every",
                                                                            "activation_checkpointing")}
     if not cfg.train.ema:  # the EMA settings matter only when it is on (runs made before it keep their fingerprint)

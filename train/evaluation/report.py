@@ -14,6 +14,7 @@ from .results import Accuracy, RunResult, SchemeResult
 PROTOCOL_TITLES = {
     "resize": "resize: image resized to the evaluation size (more tokens, same content)",
     "canvas": "canvas: image kept at training scale on a larger background (only the grid grows)",
+    "zoom": "zoom: the same scene drawn on more pixels (every cell larger; the grid of cells unchanged)",
 }
 
 

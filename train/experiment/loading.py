@@ -12,7 +12,7 @@ from ..config import schema
 from ..config.sections import HOOKS, ConfigError, DataConfig, ExperimentConfig, apply_overrides
 from ..config.validation import validate
 from ..data.datasets import DataError
-from ..data.grid_tasks import GRID_TASKS, grid_of
+from ..data.grid_tasks import CONTROLS, GRID_TASKS, grid_of, zoom_grids, zoomed_grid
 from ..data.sources import FMNIST_CLASSES, select_classes
 from ..data.transforms import train_transform
 from ..engine.models import preflight
@@ -46,16 +46,20 @@ def check_data_choices(d: DataConfig) -> None:
 
 
 def _validate_grid_task(cfg: ExperimentConfig, patch: int) -> None:
-    """A grid task's training size and, with the canvas protocol (which draws the task afresh at each
-    evaluation size), every evaluation size: whole cells, and at least the grid the task's rule needs."""
+    """A grid task's training size, its training zooms and, with the canvas protocol (which draws the task
+    afresh at each evaluation size), every evaluation size: whole cells, and at least the grid the task's rule
+    needs; with the zoom protocol, sizes that draw the training grid's cells whole."""
     d = cfg.data
     if d.dataset not in GRID_TASKS:
         return
     try:
-        grid_of(d.img_size, "data.img_size", d.dataset)
-        if "canvas" in cfg.eval.protocols:
-            for size in eval_sizes(cfg.eval, d.img_size, patch):
+        grid = grid_of(d.img_size, "data.img_size", d.dataset)
+        zoom_grids(d.img_size, d.zooms, CONTROLS.get(d.dataset, d.dataset))
+        for size in eval_sizes(cfg.eval, d.img_size, patch):
+            if "canvas" in cfg.eval.protocols:
                 grid_of(size, f"eval size {size} px (the canvas protocol draws {d.dataset} at it)", d.dataset)
+            if "zoom" in cfg.eval.protocols:
+                zoomed_grid(size, grid, f"eval size {size} px (the zoom protocol draws {d.dataset} at it)")
     except DataError as err:
         raise ConfigError(str(err)) from None
 
