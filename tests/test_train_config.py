@@ -98,11 +98,11 @@ def test_cli_reports_config_errors_without_a_traceback(tmp_path: Path, capsys: p
 
 def test_shipped_configs_validate() -> None:
     root = Path(__file__).resolve().parents[1] / "configs"
-    configs = sorted(p for pattern in ("fmnist_*.yaml", "imagenet*.yaml") for p in root.glob(pattern))
-    assert any(p.name == "fmnist_extrapolation.yaml" for p in configs)
+    configs = sorted(p for pattern in ("fmnist_*.yaml", "imagenet*.yaml", "grid_*.yaml") for p in root.glob(pattern))
+    assert {"fmnist_extrapolation.yaml", "fmnist_native.yaml", "grid_tasks_zoom.yaml"} <= {p.name for p in configs}
     for path in configs:
         cfg = load_config(path)
-        assert cfg.schemes and "resize" in cfg.eval.protocols
+        assert cfg.schemes and cfg.eval.protocols
 
 
 def test_multires_seeds_and_finetune_checks() -> None:
