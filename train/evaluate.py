@@ -16,7 +16,7 @@ import torch
 
 import vispos
 
-from .config.sections import PROTOCOLS, ConfigError, SchemeConfig, apply_overrides
+from .config.sections import DEFAULT_PROTOCOLS, PROTOCOLS, ConfigError, SchemeConfig, apply_overrides
 from .config.validation import check_entry_schemes
 from .data.datasets import DataError
 from .data.loaders import EvalLoader
@@ -40,7 +40,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                    help="checkpoint files written by the trainer (checkpoint.pt, finetuned.pt), scheme folders "
                         "(their checkpoint.pt) or run folders (every scheme's checkpoint.pt)")
     p.add_argument("--sizes", nargs="+", type=int, required=True, help="evaluation resolutions in pixels")
-    p.add_argument("--protocols", nargs="+", choices=PROTOCOLS, default=list(PROTOCOLS))
+    p.add_argument("--protocols", nargs="+", choices=PROTOCOLS, default=list(DEFAULT_PROTOCOLS),
+                   help="zoom: generated datasets (grid tasks) only")
     # longrope needs per-frequency factors, which only a config entry's scaling_options can give
     p.add_argument("--scaling", choices=[s for s in vispos.SCALING_TYPES if s != "longrope"], default=None,
                    help="RoPE scaling applied at evaluation")

@@ -21,6 +21,7 @@ from .entries import RunConfig, SchemeEntry, expand_shorthand
 from .schema import ConfigError
 
 PROTOCOLS: tuple[str, ...] = ("resize", "canvas", "zoom")  # zoom: generated datasets only (grid tasks)
+DEFAULT_PROTOCOLS: tuple[str, ...] = ("resize", "canvas")
 SHORTHAND_WORDS: dict[str, dict[str, Any]] = {"logn": {"log_n_attention": True}}  # besides the RoPE scalings
 PATCH_OPTIONS = [p.name for p in inspect.signature(vispos.patch).parameters.values() if p.kind is p.KEYWORD_ONLY]
 TIMM_TABLE = "timm"  # pos name meaning: keep timm's own learned table (dynamic_img_size=True), no patch
@@ -152,7 +153,7 @@ class EvalConfig:
 
     sizes: list[int] | None = None  # evaluation resolutions in pixels
     scales: list[float] | None = None  # or multiples of the training resolution (rounded to the patch)
-    protocols: list[Literal["resize", "canvas", "zoom"]] = field(default_factory=lambda: ["resize", "canvas"])
+    protocols: list[Literal["resize", "canvas", "zoom"]] = field(default_factory=lambda: list(DEFAULT_PROTOCOLS))
     canvas_position: Literal["center", "random"] = "center"
     canvas_snap: bool = True  # canvas offsets are multiples of the patch size (patches keep their content)
     canvas_fill: float | None = None  # background in pixel units [0, 1]; None: black (Fashion-MNIST), mean
