@@ -58,7 +58,8 @@ def test_plateau_of_a_flat_curve_is_converged() -> None:
 
 def test_plateau_needs_a_point_in_each_of_the_last_two_fifths() -> None:
     assert plateau([[50, 60.0], [100, 70.0]], 100, within=0.5) is None  # nothing in (60, 80]
-    assert plateau([[60, 60.0], [80, 70.0]], 100, within=0.5) is None  # 60 is not in (60, 80]; nothing past 80
+    assert plateau([[60, 60.0], [100, 70.0]], 100, within=0.5) is None  # 60 is not in (60, 80]
+    assert plateau([[70, 60.0], [80, 70.0]], 100, within=0.5) is None  # nothing past 80
     assert plateau([], 100, within=0.5) is None and plateau([[80, 1.0], [100, 2.0]], None, within=0.5) is None
 
 
@@ -97,6 +98,39 @@ def test_val_every_records_the_curve_and_leaves_training_unchanged(runs) -> None
     assert all(torch.equal(v, b[k]) for k, v in a.items() if torch.is_tensor(v))
     assert every.schemes["rope2d"].accuracy == plain.schemes["rope2d"].accuracy
     assert _state(every_dir)["curve"] == curve and every.schemes["rope2d"].train.total_steps == 10
+
+
+def test_validation_leaves_every_rng_as_it_found_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each step reseeds the RNGs, so this is stricter than training needs: an evaluation that draws random
+    numbers (torch, numpy, Python) leaves the state each step starts from as it is without validation."""
+    import hashlib
+    import random
+
+    import numpy as np
+
+    from train.engine import trainer
+
+    def noisy_top1(*args, **kwargs):
+        torch.rand(3), np.random.rand(3), random.random()
+        return real_top1(*args, **kwargs)
+
+    def recording_step(self, *args, **kwargs):
+        state = (torch.get_rng_state().numpy().tobytes(), np.random.get_state()[1].tobytes(),
+                 repr(random.getstate()).encode())
+        starts.append(hashlib.sha256(b"".join(state)).hexdigest())
+        return real_step(self, *args, **kwargs)
+
+    real_top1, real_step = trainer.top1, trainer.SchemeTrainer._step
+    monkeypatch.setattr(trainer, "top1", noisy_top1)
+    monkeypatch.setattr(trainer.SchemeTrainer, "_step", recording_step)
+    seen = {}
+    for every in (0, 2):
+        starts: list[str] = []
+        run_experiment(tiny_config(tmp_path / str(every), train={"epochs": 1, "val_every": every}),
+                       log=lambda msg: None)
+        seen[every] = starts
+    # the first step starts from whatever ran before training; each later one from the step before it
+    assert len(seen[0]) == 5 and seen[2][1:] == seen[0][1:]
 
 
 def test_resumed_run_keeps_its_curve(runs, tmp_path: Path) -> None:
