@@ -100,6 +100,14 @@ def test_val_every_records_the_curve_and_leaves_training_unchanged(runs) -> None
     assert _state(every_dir)["curve"] == curve and every.schemes["rope2d"].train.total_steps == 10
 
 
+def test_val_every_without_epoch_end_validation(tmp_path: Path) -> None:
+    """train.val_every_epoch=false: only the steps on the val_every grid validate (an epoch end among them)."""
+    cfg = tiny_config(tmp_path, train={"val_every_epoch": False, "val_every": 2, "epochs": 2})
+    train = run_experiment(cfg, log=lambda msg: None).schemes["rope2d"].train
+    assert [step for step, _ in train.curve] == [2, 4, 6, 8, 10]
+    assert [r["val_acc"] for r in train.history] == [None, train.curve[-1][1]]  # epoch 1 ends at step 5
+
+
 def test_validation_leaves_every_rng_as_it_found_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each step reseeds the RNGs, so this is stricter than training needs: an evaluation that draws random
     numbers (torch, numpy, Python) leaves the state each step starts from as it is without validation."""

@@ -4,7 +4,9 @@ In memory, sizes and seeds are ints; in results.json (``to_json`` / ``from_json`
 JSON keys must be. The file keeps one flat object per scheme: the entry's fields, ``train``,
 ``accuracy`` (zero-shot), ``finetuned`` (after fine-tune-at-target), ``skipped_images``; a run over
 several seeds (``combine_seeds``) holds their means there, the sample standard deviations in
-``accuracy_std`` / ``finetuned_std`` and every seed's own values in ``per_seed``.
+``accuracy_std`` / ``finetuned_std`` and every seed's own values in ``per_seed`` (with its convergence verdict).
+``train`` holds the validation curve the convergence check reads (``train.evaluation.convergence``); files
+written before it load with an empty curve.
 """
 
 from __future__ import annotations
