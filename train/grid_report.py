@@ -29,7 +29,9 @@ from typing import Any
 from .config.sections import ConfigError
 from .data.datasets import DataError
 from .data.grid_tasks import CONTROLS, GLYPH, classes_of
-from .evaluation.results import RunResult
+from .evaluation.convergence import NOT_CHECKED, rule_text, verdict_cell
+from .evaluation.report import within_of
+from .evaluation.results import RunResult, convergences
 from .experiment.loading import load_config
 from .experiment.run import run_experiment
 
@@ -160,7 +162,8 @@ def training_seconds(results: dict[str, RunResult]) -> float:
 
 
 def format_report(results: dict[str, RunResult], command: str, seconds: float) -> str:
-    """Markdown: per protocol, one table per task (scheme x grid), then the headline table."""
+    """Markdown: per protocol, one table per task (scheme x grid), the convergence of every trained entry, then
+    the headline table."""
     first = next(iter(results.values()))
     seeds = first.seeds
     trained = training_seconds(results)
@@ -191,6 +194,7 @@ def format_report(results: dict[str, RunResult], command: str, seconds: float) -
             for name in r.schemes:
                 lines.append(f"| {name} | " + " | ".join(_cell(r, name, protocol, s) for s in r.sizes) + " |")
             lines.append("")
+    lines += format_convergence(results)
     tasks = [t for t in results if t not in CONTROLS]
     if "canvas" in first.protocols and tasks:
         sizes = first.sizes
@@ -207,6 +211,21 @@ def format_report(results: dict[str, RunResult], command: str, seconds: float) -
         lines.append("| chance | " + " | ".join(chance) + " |")
         lines.append("")
     return "\n".join(lines)
+
+
+def format_convergence(results: dict[str, RunResult]) -> list[str]:
+    """Markdown lines: per task, each trained entry's convergence verdict, and the rule with its tolerance."""
+    within = within_of(next(iter(results.values())))
+    lines = ["## convergence", "", "| task | scheme | converged (gain over the last fifth) |", "| --- | --- | --- |"]
+    unchecked = False
+    for task, r in results.items():
+        for name, entry in r.schemes.items():
+            verdicts = convergences(entry, within_of(r))
+            if verdicts:
+                unchecked = unchecked or None in verdicts
+                lines.append(f"| {task} | {name} | {verdict_cell(verdicts)} |")
+    lines += ["", f"{rule_text(within)}." + (f" –: {NOT_CHECKED}." if unchecked else ""), ""]
+    return lines
 
 
 def plot(results: dict[str, RunResult], path: Path) -> None:

@@ -118,6 +118,10 @@ class TrainConfig:
     checkpoint_every: int = 100  # steps between mid-epoch checkpoints (0: only at epoch ends)
     log_every: int = 50  # steps between plain progress lines when stderr is not a terminal (0: none)
     val_every_epoch: bool = True  # accuracy at the training resolution after each epoch (CSV log)
+    # also every N optimiser steps within an epoch (global count; 0: epoch ends only); each point joins the
+    # validation curve (checkpoint, results.json) that the convergence check reads (train.evaluation.convergence)
+    val_every: int = 0
+    converged_within: float = 0.5  # points: the most the last fifth of training may gain over the fifth before
     # EMA of the weights (timm.utils.ModelEmaV3), updated after every optimiser step and saved in the checkpoint
     # (a resumed run continues it exactly). Off by default: on, the run's evaluation, its per-epoch val acc and
     # fine-tune-at-target use the EMA weights instead of the last step's (results.json: train.weights "ema").

@@ -41,6 +41,8 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
         raise ConfigError(f"train.checkpoint_every must be >= 0 (0: epoch ends only), got {t.checkpoint_every}")
     if t.log_every < 0:
         raise ConfigError(f"train.log_every must be >= 0 (0: no progress lines), got {t.log_every}")
+    if t.val_every < 0:
+        raise ConfigError(f"train.val_every must be >= 0 (0: validation at epoch ends only), got {t.val_every}")
     if not 0.0 <= t.warmup < 1.0:
         raise ConfigError(f"train.warmup is a fraction of all steps in [0, 1), got {t.warmup}")
     if (e.sizes is None) == (e.scales is None):
@@ -122,6 +124,7 @@ def _validate_ranges(cfg: ExperimentConfig) -> None:
         ("train.grad_clip", t.grad_clip, positive_or_null(t.grad_clip), "> 0, or null (no clipping)"),
         ("train.label_smoothing", t.label_smoothing, 0 <= t.label_smoothing < 1, "in [0, 1)"),
         ("train.ema_decay", t.ema_decay, 0 < t.ema_decay < 1, "in (0, 1)"),
+        ("train.converged_within", t.converged_within, t.converged_within > 0, "> 0 (points)"),
         ("model.patch_size", m.patch_size, positive_or_null(m.patch_size), ">= 1, or null (the model's own)"),
         ("model.embed_dim", m.embed_dim, positive_or_null(m.embed_dim), ">= 1, or null (the model's own)"),
         ("model.depth", m.depth, positive_or_null(m.depth), ">= 1, or null (the model's own)"),

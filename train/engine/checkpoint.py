@@ -127,8 +127,8 @@ def fingerprint(cfg: ExperimentConfig, scheme: SchemeConfig) -> dict[str, Any]:
     data = {k: v for k, v in to_dict(cfg.data).items() if k != "workers"}
     if data["zooms"] == [1]:  # the training scale only: runs made before data.zooms keep their fingerprint
         data.pop("zooms")
-    train = {k: v for k, v in to_dict(cfg.train).items() if k not in ("checkpoint_every", "compile", "log_every",
-                                                                           "activation_checkpointing")}
+    train = {k: v for k, v in to_dict(cfg.train).items() if k not in (
+        "checkpoint_every", "compile", "log_every", "activation_checkpointing", "val_every", "converged_within")}
     if not cfg.train.ema:  # the EMA settings matter only when it is on (runs made before it keep their fingerprint)
         train = {k: v for k, v in train.items() if not k.startswith("ema")}
     for key, default in (("pos_lr_scale", 1.0), ("pos_weight_decay", 0.0)):  # at their defaults: runs made before

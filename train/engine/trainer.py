@@ -1,4 +1,5 @@
-"""Training one scheme: checkpoints, exact resume, DroPE, multi-resolution steps, EMA, NaN guard, per-epoch CSV log.
+"""Training one scheme: checkpoints, exact resume, DroPE, multi-resolution steps, EMA, NaN guard, per-epoch CSV log,
+the validation curve.
 
 ``SchemeTrainer`` holds what one scheme's training needs (model, its EMA, optimiser, schedule, loader) and
 where it stands (``Progress``); a checkpoint stores both, so a killed run resumes at the step it stopped.
@@ -6,8 +7,6 @@ where it stands (``Progress``); a checkpoint stores both, so a killed run resume
 
 from __future__ import annotations
 
-import csv
-import io
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,10 +29,9 @@ from ..runtime.process import Runtime
 from ..runtime.seeds import mix_seed, seed_everything
 from . import checkpoint as ckpt_io
 from . import sharded
+from .log import write_csv
 from .models import build_model, patch_size_of, set_positions
 from .optim import make_optimizer, make_scheduler
-
-LOG_FIELDS = ("epoch", "step", "lr", "train_loss", "train_acc", "val_acc", "skipped", "drope", "sizes", "seconds")
 
 
 class NonFiniteLossError(RuntimeError):
@@ -57,10 +55,11 @@ class Progress:
     epoch: int = 0  # the epoch in progress
     step: int = 0  # the next step within it
     sums: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])  # loss x n, correct, n of this epoch
-    history: list[dict[str, Any]] = field(default_factory=list)  # one row (LOG_FIELDS) per finished epoch
+    history: list[dict[str, Any]] = field(default_factory=list)  # one row (log.LOG_FIELDS) per finished epoch
     skipped: int = 0  # unreadable images so far
     seconds: float = 0.0  # training time spent by earlier processes of a resumed run
     drawn: list[int] = field(default_factory=list)  # the training size of every step so far (px)
+    curve: list[list] = field(default_factory=list)  # [global step, val acc] of every validation so far, in order
 
 
 def size_counts(sizes: list[int]) -> str:
@@ -75,18 +74,6 @@ def loss_of(logits: torch.Tensor, y: torch.Tensor, target: torch.Tensor, label_s
     if target.dim() == 2:
         return torch.sum(-target * F.log_softmax(logits.float(), dim=-1), dim=-1).mean()
     return F.cross_entropy(logits.float(), y, label_smoothing=label_smoothing)
-
-
-def write_csv(path: Path, history: list[dict[str, Any]]) -> None:
-    """The per-epoch log, replaced atomically."""
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=LOG_FIELDS)
-    writer.writeheader()
-    for row in history:
-        writer.writerow({k: row.get(k, "") for k in LOG_FIELDS})
-    tmp = path.with_suffix(".csv.tmp")
-    tmp.write_text(buf.getvalue())
-    tmp.replace(path)
 
 
 def train_scheme(cfg: ExperimentConfig, scheme: SchemeConfig, data: DataBundle, rt: Runtime, folder: Path,
@@ -146,8 +133,10 @@ class SchemeTrainer:
         if self.ema is not None:  # the fingerprint includes train.ema: the checkpoint holds the EMA
             self.ema.module.load_state_dict(ck["ema"])
         pos = ck["position"]
-        self.progress = Progress(pos["epoch"], pos["step"], list(ck["epoch_sums"]), list(ck["history"]),
-                                 int(ck["skipped"]), float(ck["seconds"]), [int(s) for s in ck["sizes_drawn"]])
+        history = list(ck["history"])  # a checkpoint made before the curve: its epoch ends
+        curve = ck.get("curve", [[r["step"], r["val_acc"]] for r in history if r.get("val_acc") is not None])
+        self.progress = Progress(pos["epoch"], pos["step"], list(ck["epoch_sums"]), history, int(ck["skipped"]),
+                                 float(ck["seconds"]), [int(s) for s in ck["sizes_drawn"]], [list(c) for c in curve])
         if ck["finished"]:  # the weights are all that is needed
             if self.drope_start is not None:
                 self._positions_off()
@@ -173,7 +162,7 @@ class SchemeTrainer:
                 "scheduler": self.sched.state_dict(), "rng": ckpt_io.rng_state(),
                 "position": {"epoch": epoch, "step": step, "global_step": gstep},
                 "epoch_sums": list(p.sums), "history": p.history, "skipped": p.skipped, "finished": finished,
-                "sizes_drawn": list(p.drawn),
+                "sizes_drawn": list(p.drawn), "curve": [list(c) for c in p.curve],
                 "seconds": self._seconds(), "fingerprint": self.fingerprint, "config": to_dict(self.cfg),
                 "scheme": to_dict(self.scheme), "classes": list(data.classes), "in_chans": data.in_chans,
                 "mean": list(data.mean), "std": list(data.std), "background": list(data.background),
@@ -237,15 +226,23 @@ class SchemeTrainer:
         self.progress.skipped += len(batch.skipped)
         self.progress.drawn.append(batch.x.shape[-1])
 
+    def _validate(self, eval_loader: EvalLoader, done: int) -> float:
+        """Top-1 at the training size after ``done`` steps, added to the curve; every RNG left as it was."""
+        rng = ckpt_io.rng_state()
+        val = top1(self.evaluated, eval_loader, "resize", self.cfg.data.img_size, self.rt)[0]
+        ckpt_io.set_rng_state(rng)
+        self.progress.curve.append([done, val])
+        return val
+
     def _end_epoch(self, epoch: int, eval_loader: EvalLoader | None) -> None:
         """Validation at the training size, the log row, the CSV and an end-of-epoch checkpoint."""
-        p, epochs = self.progress, self.cfg.train.epochs
-        val = None
-        if eval_loader is not None:
-            val = top1(self.evaluated, eval_loader, "resize", self.cfg.data.img_size, self.rt)[0]
+        p, t = self.progress, self.cfg.train
+        done, val = (epoch + 1) * self.steps, None
+        if eval_loader is not None and (t.val_every_epoch or (t.val_every and done % t.val_every == 0)):
+            val = self._validate(eval_loader, done)
         loss_sum, correct, n = p.sums
         row = {
-            "epoch": epoch + 1, "step": (epoch + 1) * self.steps, "lr": self.opt.param_groups[0]["lr"],
+            "epoch": epoch + 1, "step": done, "lr": self.opt.param_groups[0]["lr"],
             "train_loss": loss_sum / max(n, 1), "train_acc": 100.0 * correct / max(n, 1), "val_acc": val,
             "skipped": p.skipped, "drope": not self.positions_on, "sizes": size_counts(p.drawn[-self.steps:]),
             "seconds": round(self._seconds(), 1),
@@ -254,18 +251,18 @@ class SchemeTrainer:
         p.sums = [0.0, 0.0, 0.0]
         val_txt = f", val acc{' (EMA)' if self.ema is not None else ''} {val:.2f}" if val is not None else ""
         skipped_txt = f", skipped {p.skipped}" if p.skipped else ""
-        self.log(f"[{self.scheme.name}] epoch {epoch + 1}/{epochs}: loss {row['train_loss']:.4f}, train acc "
+        self.log(f"[{self.scheme.name}] epoch {epoch + 1}/{t.epochs}: loss {row['train_loss']:.4f}, train acc "
                  f"{row['train_acc']:.2f}{val_txt}{skipped_txt} ({row['seconds']} s)")
         if self.rt.is_main:
             write_csv(self.folder / "log.csv", p.history)
-        self._save(epoch + 1, 0, finished=epoch + 1 == epochs)
+        self._save(epoch + 1, 0, finished=epoch + 1 == t.epochs)
 
     def run(self) -> TrainResult:
         if self._restore():
             return self._result()
         forward, mixup = self._wrapped(), self._mixup()
         eval_loader = None
-        if self.cfg.train.val_every_epoch:
+        if self.cfg.train.val_every_epoch or self.cfg.train.val_every:
             eval_loader = EvalLoader(self.data, self.cfg.data, self.cfg.eval, seed=self.cfg.seed, dist=self.rt.dist,
                                      patch_size=patch_size_of(self.model))
         t, debug, p = self.cfg.train, self.cfg.debug, self.progress
@@ -281,6 +278,9 @@ class SchemeTrainer:
                 done = epoch * self.steps + batch.step + 1
                 if self.rt.lines and t.log_every and done % t.log_every == 0:
                     self._progress_line(epoch, batch.step + 1, done)
+                if eval_loader is not None and t.val_every and done % t.val_every == 0 and batch.step + 1 < self.steps:
+                    val = self._validate(eval_loader, done)  # (the epoch's last step: its end validates)
+                    self.log(f"[{self.scheme.name}] step {done}/{self.total}: val acc {val:.2f}")
                 if t.checkpoint_every and done % t.checkpoint_every == 0 and batch.step + 1 < self.steps:
                     self._save(epoch, batch.step + 1, finished=False)
                 if debug.stop_after_steps is not None and done >= debug.stop_after_steps:
@@ -327,7 +327,7 @@ class SchemeTrainer:
         summary = TrainSummary(seconds=self._seconds(), epochs=self.cfg.train.epochs,
                                train_loss=last.get("train_loss"), train_acc=last.get("train_acc"),
                                val_acc=last.get("val_acc"), skipped_images=p.skipped, history=p.history,
-                               weights="final" if self.ema is None else "ema")
+                               weights="final" if self.ema is None else "ema", curve=p.curve, total_steps=self.total)
         return TrainResult(self.evaluated, summary)
 
     def _nan_message(self, what: str, value: float, epoch: int, step: int) -> str:

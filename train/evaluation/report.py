@@ -1,7 +1,8 @@
 """Run outputs: results.json, results.md (accuracy and change from the training resolution per protocol,
 fine-tune-at-target), accuracy.png (accuracy against resolution, one line per scheme, one panel per
 protocol, fine-tuned accuracy as stars). Over several seeds, cells read mean ± sample std and the plot
-draws mean ± std bands and error bars."""
+draws mean ± std bands and error bars. The training table says per trained entry whether it had converged
+(``train.evaluation.convergence``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import json
 import statistics
 from pathlib import Path
 
-from .results import Accuracy, RunResult, SchemeResult
+from .convergence import NOT_CHECKED, rule_text, verdict_cell
+from .results import DEFAULT_WITHIN, Accuracy, RunResult, SchemeResult, convergences
 
 PROTOCOL_TITLES = {
     "resize": "resize: image resized to the evaluation size (more tokens, same content)",
@@ -140,6 +142,11 @@ def plot(results: RunResult, path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def within_of(results: RunResult) -> float:
+    """The convergence tolerance (points) the run was configured with."""
+    return float(results.config.get("train", {}).get("converged_within", DEFAULT_WITHIN))
+
+
 def compute_seconds(results: RunResult) -> float:
     """Training plus fine-tuning time summed over every entry and seed: what the comparison cost. (The wall
     time of the call that wrote the report is not: a resumed run's last call only finds the entries done.)"""
@@ -200,14 +207,21 @@ def write_outputs(results: RunResult, run_dir: Path) -> str:
     ]
     extra = [f"- {line}" for line in best_summary(results)]
     first = f" (seed {seeds[0]})" if len(seeds) > 1 else ""
+    within = within_of(results)
     train_rows = [f"| scheme | train seconds{first} | fine-tune seconds{first} | final train loss{first} | "
-                  "val acc (train size) |", "| --- | ---: | ---: | ---: | ---: |"]
+                  "val acc (train size) | converged (gain over the last fifth) |",
+                  "| --- | ---: | ---: | ---: | ---: | --- |"]
+    unchecked = False
     for name, r in results.schemes.items():
         t = r.train
         if t:
             val = "–" if t.val_acc is None else f"{t.val_acc:.1f}"
             ft = "–" if r.finetune_seconds is None else f"{r.finetune_seconds:.0f}"
-            train_rows.append(f"| {name} | {t.seconds:.0f} | {ft} | {t.train_loss:.4f} | {val} |")
+            verdicts = convergences(r, within)
+            unchecked = unchecked or None in verdicts
+            train_rows.append(f"| {name} | {t.seconds:.0f} | {ft} | {t.train_loss:.4f} | {val} | "
+                              f"{verdict_cell(verdicts)} |")
+    train_rows += ["", f"{rule_text(within)}." + (f" –: {NOT_CHECKED}." if unchecked else "")]
     md = "\n".join(notes) + tables + "\n" + "\n".join(extra) + "\n\n" + "\n".join(train_rows) + "\n"
     (run_dir / "results.md").write_text(md)
     plot(results, run_dir / "accuracy.png")

@@ -4,7 +4,9 @@ In memory, sizes and seeds are ints; in results.json (``to_json`` / ``from_json`
 JSON keys must be. The file keeps one flat object per scheme: the entry's fields, ``train``,
 ``accuracy`` (zero-shot), ``finetuned`` (after fine-tune-at-target), ``skipped_images``; a run over
 several seeds (``combine_seeds``) holds their means there, the sample standard deviations in
-``accuracy_std`` / ``finetuned_std`` and every seed's own values in ``per_seed``.
+``accuracy_std`` / ``finetuned_std`` and every seed's own values in ``per_seed`` (with its convergence verdict).
+``train`` holds the validation curve the convergence check reads (``train.evaluation.convergence``); files
+written before it load with an empty curve.
 """
 
 from __future__ import annotations
@@ -14,9 +16,11 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..config.sections import SchemeConfig
+from ..config.sections import SchemeConfig, TrainConfig
+from .convergence import Convergence, plateau
 
 Accuracy = dict[str, dict[int, float]]  # protocol -> evaluation size (px) -> top-1 accuracy (%)
+DEFAULT_WITHIN = TrainConfig.converged_within  # the tolerance of a results.json made before it was a setting
 
 
 def accuracy_to_json(acc: Accuracy) -> dict[str, dict[str, float]]:
@@ -29,7 +33,8 @@ def accuracy_from_json(data: dict[str, dict[str, float]]) -> Accuracy:
 
 @dataclass
 class TrainSummary:
-    """How training one scheme went; ``history`` holds one row per epoch (train.engine.trainer.LOG_FIELDS)."""
+    """How training one scheme went; ``history`` holds one row per epoch (train.engine.log.LOG_FIELDS), ``curve``
+    every validation at the training size (epoch ends and every train.val_every steps)."""
 
     seconds: float
     epochs: int
@@ -39,6 +44,12 @@ class TrainSummary:
     skipped_images: int
     history: list[dict[str, Any]]
     weights: str = "final"  # what was evaluated: "final" (the last step's weights) or "ema" (their EMA, train.ema)
+    curve: list[list[float]] = field(default_factory=list)  # [global step, val acc (%)], in order
+    total_steps: int | None = None  # the run's optimiser steps (None: a results.json made before the curve)
+
+    def convergence(self, within: float) -> Convergence | None:
+        """The plateau test on the curve (``train.evaluation.convergence``); None when it cannot be checked."""
+        return plateau(self.curve, self.total_steps, within)
 
 
 @dataclass
@@ -49,6 +60,7 @@ class SeedResult:
     finetuned: Accuracy
     train_seconds: float | None
     finetune_seconds: float | None
+    convergence: dict[str, Any] | None = None  # the seed's plateau test (Convergence as a dict); None: not checked
 
     def to_json(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "accuracy": accuracy_to_json(self.accuracy),
@@ -150,9 +162,25 @@ def combine_seeds(runs: dict[int, RunResult], *, name: str, config: dict[str, An
         rows = {seed: run.schemes[entry] for seed, run in runs.items()}
         acc, acc_std = mean_std([r.accuracy for r in rows.values()])
         tuned, tuned_std = mean_std([r.finetuned for r in rows.values()]) if r0.finetuned else ({}, {})
+        within = config.get("train", {}).get("converged_within", DEFAULT_WITHIN)
         per_seed = {seed: SeedResult(r.accuracy, r.finetuned, r.train.seconds if r.train else None,
-                                     r.finetune_seconds) for seed, r in rows.items()}
+                                     r.finetune_seconds, convergence_dict(r.train, within)) for seed, r in rows.items()}
         schemes[entry] = SchemeResult(r0.scheme, r0.train, acc, max(r.skipped_images for r in rows.values()), tuned,
                                       r0.finetune_seconds, acc_std, tuned_std, per_seed)
     return dataclasses.replace(first, name=name, command=command, schemes=schemes, config=config,
                                wall_seconds=wall_seconds, seeds=list(runs))
+
+
+def convergence_dict(train: TrainSummary | None, within: float) -> dict[str, Any] | None:
+    """A seed's plateau test as plain data for results.json (None: no training, or not checked)."""
+    verdict = None if train is None else train.convergence(within)
+    return None if verdict is None else dataclasses.asdict(verdict)
+
+
+def convergences(r: SchemeResult, within: float) -> list[Convergence | None]:
+    """An entry's plateau test per seed (one item for a single-seed run); empty for an evaluation-only entry."""
+    if r.train is None:
+        return []
+    if r.per_seed:
+        return [None if s.convergence is None else Convergence(**s.convergence) for s in r.per_seed.values()]
+    return [r.train.convergence(within)]

@@ -34,6 +34,7 @@ from ..engine.models import build_model, configure_eval, preflight, set_position
 from ..engine.sharded import full_state
 from ..engine.trainer import train_scheme
 from ..evaluation.accuracy import eval_sizes, evaluate_model
+from ..evaluation.convergence import NOT_CHECKED, Convergence
 from ..evaluation.report import write_outputs
 from ..evaluation.results import (
     Accuracy,
@@ -123,6 +124,8 @@ class Experiment:
                 f"{p} {r.accuracy[p].get(train, float('nan')):.1f} / {r.accuracy[p][top]:.1f}"
                 for p in cfg.eval.protocols) + "".join(
                 f"; fine-tuned at {size} px: {acc:.1f}" for size, acc in r.finetuned.get("resize", {}).items()))
+            if r.train is not None:
+                self.say(f"[{s.name}] converged: {converged_text(r.train.convergence(cfg.train.converged_within))}")
         results.wall_seconds = round(time.time() - t_start, 1)
         if rt.is_main:
             table = write_outputs(results, run_dir)
@@ -196,6 +199,13 @@ class Experiment:
         if base.drope > 0:
             set_positions(model, False)
         return model.to(self.rt.device)
+
+
+def converged_text(verdict: Convergence | None) -> str:
+    """The log's convergence verdict: ``yes (gain +0.2 points over the last fifth)``."""
+    if verdict is None:
+        return NOT_CHECKED
+    return f"{'yes' if verdict.converged else 'no'} (gain {verdict.gain:+.1f} points over the last fifth)"
 
 
 def _say(msg: str) -> None:

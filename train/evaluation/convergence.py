@@ -1,0 +1,58 @@
+"""Whether a trained model had stopped learning: the plateau test on its validation curve.
+
+A flat curve at the end of a cosine schedule is trivially flat (the learning rate has gone to nearly
+nothing), so the test compares the last fifth of training with the fifth before it, where the learning
+rate is still 10-35 % of its peak (12-41 % after the default 10 % warm-up); a model still learning gains there.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+NOT_CHECKED = "not checked: validate more often (train.val_every)"
+
+
+@dataclass(frozen=True)
+class Convergence:
+    """The plateau test's verdict on one validation curve (accuracies in %, the gain in points)."""
+
+    gain: float  # mean val acc over the last fifth of training minus the mean over the fifth before
+    last: float  # mean val acc over the last fifth
+    points: int  # validation points in the two fifths together
+    converged: bool  # gain <= the tolerance (train.converged_within)
+
+
+def plateau(curve: list[list[float]], total_steps: int | None, within: float) -> Convergence | None:
+    """The verdict on ``curve`` ([global step, val acc] pairs) of a run of ``total_steps`` optimiser steps:
+    converged when the last fifth (step > 0.8 total) gains at most ``within`` points over the fifth before
+    (0.6 total < step <= 0.8 total). None when either fifth holds no validation point."""
+    if not total_steps:
+        return None
+    last = [acc for step, acc in curve if step > 0.8 * total_steps]
+    before = [acc for step, acc in curve if 0.6 * total_steps < step <= 0.8 * total_steps]
+    if not last or not before:
+        return None
+    gain = statistics.fmean(last) - statistics.fmean(before)
+    return Convergence(gain=gain, last=statistics.fmean(last), points=len(last) + len(before),
+                       converged=gain <= within)
+
+
+def verdict_cell(verdicts: list[Convergence | None]) -> str:
+    """A report cell: one seed ``yes (+0.2)`` / ``no (+3.1)``; several ``2/3 (+0.4 max)`` (converged / checked
+    seeds, the largest gain); ``–`` when no seed was checked."""
+    checked = [v for v in verdicts if v is not None]
+    if not checked:
+        return "–"
+    if len(verdicts) == 1:
+        return f"{'yes' if checked[0].converged else 'no'} ({checked[0].gain:+.1f})"
+    unchecked = len(verdicts) - len(checked)
+    return (f"{sum(v.converged for v in checked)}/{len(checked)} ({max(v.gain for v in checked):+.1f} max"
+            + (f"; {unchecked} not checked" if unchecked else "") + ")")
+
+
+def rule_text(within: float) -> str:
+    """The rule and its tolerance, in one sentence for a report."""
+    return (f"converged: the mean validation accuracy (training size) over the last fifth of training gains at "
+            f"most {within:g} points (train.converged_within) over the fifth before, where a cosine schedule's "
+            f"learning rate is still 10-40 % of its peak")
