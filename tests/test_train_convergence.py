@@ -36,7 +36,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, RunR
     out = {}
     for name, every in (("plain", 0), ("every2", 2)):
         folder, lines = tmp_path_factory.mktemp(name), []
-        result = run_experiment(tiny_config(folder, model=MODEL, train={"val_every": every}), log=lines.append)
+        result = run_experiment(tiny_config(folder, model=MODEL, train={"val_every": every, "log_every": 2}),
+                                log=lines.append)
         out[name] = folder, result, lines
     return out
 
@@ -91,7 +92,7 @@ def test_val_every_records_the_curve_and_leaves_training_unchanged(runs) -> None
     assert [step for step, _ in plain.schemes["rope2d"].train.curve] == [5, 10]  # the epoch ends only
     history = every.schemes["rope2d"].train.history
     assert [acc for step, acc in curve if step in (5, 10)] == [r["val_acc"] for r in history]
-    assert "[rope2d] step 2/10: val acc" in "\n".join(lines)
+    assert "[rope2d] step 2/10: val acc" in "\n".join(lines)  # at the progress lines' pace (log_every)
     # validation between steps changes nothing the training computes
     assert [r["train_loss"] for r in history] == [r["train_loss"] for r in plain.schemes["rope2d"].train.history]
     a, b = _state(plain_dir)["model"], _state(every_dir)["model"]

@@ -280,7 +280,8 @@ class SchemeTrainer:
                     self._progress_line(epoch, batch.step + 1, done)
                 if eval_loader is not None and t.val_every and done % t.val_every == 0 and batch.step + 1 < self.steps:
                     val = self._validate(eval_loader, done)  # (the epoch's last step: its end validates)
-                    self.log(f"[{self.scheme.name}] step {done}/{self.total}: val acc {val:.2f}")
+                    if t.log_every and done % t.log_every == 0:  # in the log at the progress lines' pace
+                        self.log(f"[{self.scheme.name}] step {done}/{self.total}: val acc {val:.2f}")
                 if t.checkpoint_every and done % t.checkpoint_every == 0 and batch.step + 1 < self.steps:
                     self._save(epoch, batch.step + 1, finished=False)
                 if debug.stop_after_steps is not None and done >= debug.stop_after_steps:
