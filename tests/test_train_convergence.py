@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -49,7 +50,21 @@ def test_plateau_of_a_rising_curve_is_not_converged_with_its_gain() -> None:
     curve = [[step, step / 10] for step in range(10, 101, 10)]  # +1 point per 10 steps of 100
     verdict = plateau(curve, 100, within=0.5)
     # last fifth: steps 90, 100 (mean 9.5); the fifth before: 70, 80 (mean 7.5)
-    assert verdict == Convergence(gain=pytest.approx(2.0), last=pytest.approx(9.5), points=4, converged=False)
+    # noise: differences of 1 within each fifth give one point's variance 1/2, the gain's sqrt(1/2 x (1/2 + 1/2))
+    assert verdict == Convergence(gain=pytest.approx(2.0), last=pytest.approx(9.5), points=4, converged=False,
+                                  noise=pytest.approx(math.sqrt(0.5)))
+    assert plateau(curve, 100, within=2.01 - 2 * math.sqrt(0.5)).converged  # the bound: gain <= within + 2 noise
+    assert not plateau(curve, 100, within=1.99 - 2 * math.sqrt(0.5)).converged
+
+
+def test_plateau_allows_point_to_point_noise_but_not_a_trend_of_the_same_gain() -> None:
+    """A model at chance on a small validation set jumps by a few images between points: its gain of 1 point
+    is noise. A steady rise with the same gain between the two fifths is learning."""
+    jumps = [24.0, 27.0, 23.0, 26.0, 25.0, 28.0, 24.0, 27.0]  # last four mean 26.0, the four before 25.0
+    noisy = plateau([[61 + 5 * i, acc] for i, acc in enumerate(jumps)], 100, within=0.5)
+    assert noisy is not None and noisy.gain == pytest.approx(1.0) and noisy.noise > 1.0 and noisy.converged
+    rising = plateau([[61 + 5 * i, 24.0 + 2 * i / 7] for i in range(8)], 100, within=0.5)  # +2/7 per point
+    assert rising is not None and rising.gain == pytest.approx(8 / 7) and not rising.converged
 
 
 def test_plateau_of_a_flat_curve_is_converged() -> None:
@@ -76,8 +91,9 @@ def test_plateau_flat_only_in_the_last_fifth_is_not_converged() -> None:
 
 
 def test_verdict_cells_for_one_seed_and_several() -> None:
-    yes, no = Convergence(0.24, 70.0, 4, True), Convergence(3.06, 60.0, 4, False)
-    assert verdict_cell([yes]) == "yes (+0.2)" and verdict_cell([no]) == "no (+3.1)" and verdict_cell([None]) == "–"
+    yes, no = Convergence(0.24, 70.0, 4, True, 0.31), Convergence(3.06, 60.0, 4, False)
+    assert verdict_cell([yes]) == "yes (+0.2 ± 0.3)" and verdict_cell([no]) == "no (+3.1 ± 0.0)"
+    assert verdict_cell([None]) == "–"
     assert verdict_cell([yes, dataclasses.replace(yes, gain=0.4), no]) == "2/3 (+3.1 max)"
     assert verdict_cell([yes, None]) == "1/1 (+0.2 max; 1 not checked)" and verdict_cell([None, None]) == "–"
 
@@ -180,7 +196,8 @@ def test_trainer_log_prints_the_verdict(runs) -> None:
     verdict = plateau(every.curve, 10, 0.5)
     assert verdict is not None
     word = "yes" if verdict.converged else "no"
-    assert f"[rope2d] converged: {word} (gain {verdict.gain:+.1f} points over the last fifth)" in runs["every2"][2]
+    assert (f"[rope2d] converged: {word} (gain {verdict.gain:+.1f} ± {verdict.noise:.1f} points over the last fifth)"
+            in runs["every2"][2])
     assert "[rope2d] converged: not checked: validate more often (train.val_every)" in plain
 
 
@@ -189,10 +206,10 @@ def test_results_md_has_the_convergence_column(runs) -> None:
     verdict = every.schemes["rope2d"].train.convergence(0.5)
     assert verdict is not None and verdict.points == 2  # step 8 before, step 10 in the last fifth
     md = (every_dir / "results.md").read_text()
-    assert "| val acc (train size) | converged (gain over the last fifth) |" in md
+    assert "| val acc (train size) | converged (gain over the last fifth ± noise) |" in md
     row = next(line for line in md.splitlines() if line.startswith("| rope2d |") and "converged" not in line
                and line.count("|") == 7)
-    assert row.endswith(f" | {'yes' if verdict.converged else 'no'} ({verdict.gain:+.1f}) |")
+    assert row.endswith(f" | {'yes' if verdict.converged else 'no'} ({verdict.gain:+.1f} ± {verdict.noise:.1f}) |")
     assert "gains at most 0.5 points (train.converged_within)" in md and "not checked" not in md
     plain_md = (plain_dir / "results.md").read_text()
     assert " | – |\n" in plain_md and "–: not checked: validate more often (train.val_every)" in plain_md
@@ -219,7 +236,7 @@ def test_several_seeds_count_the_converged_ones(runs, tmp_path: Path) -> None:
     both = combine_seeds({0: every, 1: slow}, name="two", config=every.config, command=None, wall_seconds=1.0)
     gains = [every.schemes["rope2d"].train.convergence(0.5).gain, 10.0]
     assert both.schemes["rope2d"].per_seed[1].convergence == {"gain": 10.0, "last": 20.0, "points": 2,
-                                                              "converged": False}
+                                                              "converged": False, "noise": 0.0}
     assert RunResult.from_json(json.loads(json.dumps(both.to_json()))) == both
     old = both.to_json()
     for seed in old["schemes"]["rope2d"]["per_seed"].values():
@@ -240,8 +257,9 @@ def test_grid_report_prints_a_convergence_section(tmp_path: Path) -> None:
     assert verdict is not None
     md = grid_report.format_report({"grid_lookup": result}, "python -m train.grid_report", 1.0)
     section = md.split("## convergence")[1].split("\n## ")[0]
-    assert f"| grid_lookup | rope2d | {'yes' if verdict.converged else 'no'} ({verdict.gain:+.1f}) |" in section
-    assert "gains at most 0.5 points (train.converged_within) over the fifth before" in section
+    cell = f"{'yes' if verdict.converged else 'no'} ({verdict.gain:+.1f} ± {verdict.noise:.1f})"
+    assert f"| grid_lookup | rope2d | {cell} |" in section
+    assert "gains at most 0.5 points (train.converged_within) plus twice the gain's standard error" in section
 
 
 # -- the settings

@@ -216,7 +216,8 @@ def format_report(results: dict[str, RunResult], command: str, seconds: float) -
 def format_convergence(results: dict[str, RunResult]) -> list[str]:
     """Markdown lines: per task, each trained entry's convergence verdict, and the rule with its tolerance."""
     within = within_of(next(iter(results.values())))
-    lines = ["## convergence", "", "| task | scheme | converged (gain over the last fifth) |", "| --- | --- | --- |"]
+    lines = ["## convergence", "", "| task | scheme | converged (gain over the last fifth ± noise) |",
+             "| --- | --- | --- |"]
     unchecked = False
     for task, r in results.items():
         for name, entry in r.schemes.items():

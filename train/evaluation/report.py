@@ -209,7 +209,7 @@ def write_outputs(results: RunResult, run_dir: Path) -> str:
     first = f" (seed {seeds[0]})" if len(seeds) > 1 else ""
     within = within_of(results)
     train_rows = [f"| scheme | train seconds{first} | fine-tune seconds{first} | final train loss{first} | "
-                  "val acc (train size) | converged (gain over the last fifth) |",
+                  "val acc (train size) | converged (gain over the last fifth ± noise) |",
                   "| --- | ---: | ---: | ---: | ---: | --- |"]
     unchecked = False
     for name, r in results.schemes.items():

@@ -202,10 +202,11 @@ class Experiment:
 
 
 def converged_text(verdict: Convergence | None) -> str:
-    """The log's convergence verdict: ``yes (gain +0.2 points over the last fifth)``."""
+    """The log's convergence verdict: ``yes (gain +0.2 ± 0.3 points over the last fifth)``."""
     if verdict is None:
         return NOT_CHECKED
-    return f"{'yes' if verdict.converged else 'no'} (gain {verdict.gain:+.1f} points over the last fifth)"
+    return (f"{'yes' if verdict.converged else 'no'} (gain {verdict.gain:+.1f} ± {verdict.noise:.1f} points over "
+            "the last fifth)")
 
 
 def _say(msg: str) -> None:
