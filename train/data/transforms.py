@@ -1,4 +1,4 @@
-"""Pixels in, pixels out: normalisation, the two evaluation protocols' geometry, augmentation.
+"""Pixels in, pixels out: normalisation, the resize and canvas protocols' geometry, augmentation.
 
 Batches are float pixels in [0, 1], [B, C, H, W], until ``normalize``. Folder images go through timm's
 transform factory (``timm.data.create_transform``) without its normalisation, so that the canvas
