@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shlex
 import sys
 
-from .config.sections import ConfigError
+from .config.sections import ConfigError, ExperimentConfig
 from .data.datasets import DataError
 from .engine.checkpoint import CheckpointError
 from .engine.trainer import NonFiniteLossError, StopRequested
 from .experiment.loading import load_config
 from .experiment.run import run_experiment
+from .runtime.jobs import Job, run_jobs
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -26,7 +28,34 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--config", required=True, help="YAML experiment config (see configs/)")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides")
     p.add_argument("--quiet", action="store_true", help="no progress bars (same as progress=false)")
-    return p.parse_args(argv)
+    p.add_argument("--entries", nargs="+", metavar="NAME", default=None,
+                   help="run only these entries of the config (an evaluation-only entry brings its base along)")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="train the entries (per seed) in this many processes at once, one core each at threads: 1, "
+                        "then evaluate and report in this one")
+    return p.parse_intermixed_args(argv)
+
+
+def only_entries(cfg: ExperimentConfig, names: list[str]) -> ExperimentConfig:
+    """``cfg`` with the named entries only (and the base of each evaluation-only one among them)."""
+    known = {s.name: s for s in cfg.schemes}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ConfigError(f"--entries {' '.join(unknown)}: not entries of the config ({', '.join(known)})")
+    keep = set(names) | {known[n].base for n in names if known[n].base}
+    return dataclasses.replace(cfg, schemes=[s for s in cfg.schemes if s.name in keep])
+
+
+def parallel_jobs(config: str, overrides: list[str], cfg: ExperimentConfig) -> list[Job]:
+    """One job per seed and trained entry: ``python -m train`` on that entry alone, in the folder the whole
+    run keeps it in (``seed_<k>/`` with several seeds), so that the run that follows finds it finished."""
+    trained = [s.name for s in cfg.schemes if s.trains]
+    if cfg.seeds is None:
+        return [(name, ["-m", "train", "--config", config, *overrides, "--quiet", "--entries", name])
+                for name in trained]
+    return [(f"seed {seed} {name}", ["-m", "train", "--config", config, *overrides, "--quiet", f"seed={seed}",
+                                     "seeds=null", f"out_dir={cfg.run_dir / f'seed_{seed}'}", "--entries", name])
+            for seed in cfg.seeds for name in trained]
 
 
 def resume_command(config: str, overrides: list[str], quiet: bool, resumes: bool) -> str:
@@ -42,11 +71,19 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     overrides = list(args.overrides) + (["progress=false"] if args.quiet else [])
     quiet = ["--quiet"] * args.quiet
-    command = " ".join(["python -m train --config", args.config, *args.overrides, *quiet])
+    extra = [*(["--entries", *args.entries] if args.entries else []), *(["--jobs", str(args.jobs)] * (args.jobs > 1))]
+    command = " ".join(["python -m train --config", args.config, *args.overrides, *quiet, *extra])
     main_rank = os.environ.get("RANK", "0") == "0"  # under torchrun, one message for the job
     cfg = None
     try:
+        if args.jobs < 1:
+            raise ConfigError(f"--jobs must be >= 1, got {args.jobs}")
         cfg = load_config(args.config, overrides)
+        if args.entries:
+            cfg = only_entries(cfg, args.entries)
+        if args.jobs > 1:  # the trainings first, side by side; the run below finds them finished
+            run_jobs(parallel_jobs(args.config, list(args.overrides), cfg), args.jobs,
+                     lambda text: print(text, flush=True))
         run_experiment(cfg, command=command)
     except (ConfigError, DataError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)

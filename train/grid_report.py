@@ -16,13 +16,9 @@ import argparse
 import json
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections import deque
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +30,7 @@ from .evaluation.report import within_of
 from .evaluation.results import RunResult, convergences
 from .experiment.loading import load_config
 from .experiment.run import run_experiment
+from .runtime.jobs import run_jobs
 
 TASKS: tuple[str, ...] = ("grid_lookup", "grid_direction", "grid_placement", "grid_count")
 PROTOCOL_ORDER = ("canvas", "zoom", "resize")
@@ -89,34 +86,13 @@ COST_ORDER: tuple[str, ...] = ("grid_count", "grid_lookup", "grid_direction", "g
 def run_parallel(args: argparse.Namespace) -> None:
     """Train every task of ``args`` in ``args.jobs`` processes at once (``python -m train.grid_report`` on one
     task each, its report in a scratch folder); each task's runs land in its run folder, where the report
-    that follows reuses them. Prints each task's start, the trainer's progress lines as they come (prefixed
-    with the task) and its end. Raises if a task fails, naming it and the end of its output."""
+    that follows reuses them. Raises if a task fails, naming it and the end of its output."""
     order = sorted(args.tasks, key=COST_ORDER.index)
-    lock = threading.Lock()
-
-    def say(line: str) -> None:
-        with lock:
-            print(line, flush=True)
-
-    def one(task: str) -> tuple[str, int, list[str]]:
-        with tempfile.TemporaryDirectory() as scratch:
-            words = [sys.executable, "-u", "-m", "train.grid_report", "--config", args.config, "--tasks", task,
-                     "--control-schemes", *args.control_schemes, "--out", scratch, "--quiet", *args.overrides]
-            say(f"{task}: training in a process of its own")
-            tail: deque[str] = deque(maxlen=40)
-            with subprocess.Popen(words, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
-                for line in proc.stdout:
-                    tail.append(line.rstrip("\n"))
-                    if line.startswith("["):  # the trainer's lines: "[entry] epoch ...", "[entry] accuracy ..."
-                        say(f"{task}: {line.rstrip()}")
-            return task, proc.returncode, list(tail)
-
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        for done in as_completed([pool.submit(one, task) for task in order]):
-            task, code, tail = done.result()
-            if code != 0:
-                raise ConfigError(f"task {task} failed (exit {code}): " + "\n".join(tail)[-2000:])
-            say(f"{task}: trained")
+    with tempfile.TemporaryDirectory() as scratch:
+        jobs = [(task, ["-m", "train.grid_report", "--config", args.config, "--tasks", task, "--control-schemes",
+                        *args.control_schemes, "--out", str(Path(scratch) / task), "--quiet", *args.overrides])
+                for task in order]
+        run_jobs(jobs, args.jobs, lambda text: print(text, flush=True))
 
 
 def run_tasks(args: argparse.Namespace) -> tuple[dict[str, RunResult], Path]:

@@ -1,0 +1,58 @@
+"""``python -m train --jobs N``: every (seed, trained entry) pair trained in a process of its own, then the
+report assembled in the calling process from the finished runs; ``--entries`` runs a part of a config."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from train.__main__ import main as train_main
+from train.testing import TINY, _merge
+
+SCHEMES = ["rope2d", "nope", "rope2d+linear"]
+
+
+def write_config(tmp_path: Path, name: str, **sections: object) -> Path:
+    path = tmp_path / f"{name}.yaml"
+    config = _merge(TINY, {"out_dir": str(tmp_path / name), "schemes": SCHEMES, "seeds": [0, 1], **sections})
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def per_seed(run: Path) -> dict[str, dict]:
+    data = json.loads((run / "results.json").read_text())
+    return {name: {seed: r["accuracy"] for seed, r in entry["per_seed"].items()}
+            for name, entry in data["schemes"].items()}
+
+
+def test_jobs_train_each_seed_and_entry_apart_and_report_what_one_process_reports(tmp_path: Path, capsys) -> None:
+    assert train_main(["--config", str(write_config(tmp_path, "one")), "--quiet"]) == 0
+    capsys.readouterr()
+    assert train_main(["--config", str(write_config(tmp_path, "two")), "--quiet", "--jobs", "2"]) == 0
+    out = capsys.readouterr().out
+    for seed in (0, 1):
+        for name in ("rope2d", "nope"):  # the trained entries, each in a process of its own
+            assert f"seed {seed} {name}: training in a process of its own" in out
+            assert f"seed {seed} {name}: trained" in out
+            assert (tmp_path / "two" / f"seed_{seed}" / name / "checkpoint.pt").exists()
+    assert "seed 0 rope2d+linear: training" not in out  # evaluation only: the report's run evaluates it
+    assert per_seed(tmp_path / "two") == per_seed(tmp_path / "one")
+    assert "--jobs 2" in (tmp_path / "two" / "results.md").read_text()
+
+
+def test_entries_run_a_part_of_the_config(tmp_path: Path) -> None:
+    path = write_config(tmp_path, "part", seeds=None)
+    assert train_main(["--config", str(path), "--quiet", "--entries", "rope2d+linear"]) == 0
+    data = json.loads((tmp_path / "part" / "results.json").read_text())
+    assert list(data["schemes"]) == ["rope2d", "rope2d+linear"]  # the evaluation-only entry brings its base
+    assert not (tmp_path / "part" / "nope").exists()
+
+
+@pytest.mark.parametrize(("args", "message"), [(["--jobs", "0"], "--jobs must be >= 1, got 0"),
+                                               (["--entries", "rope3d"], "--entries rope3d: not entries")])
+def test_bad_jobs_and_entries_are_refused(tmp_path: Path, capsys, args: list[str], message: str) -> None:
+    assert train_main(["--config", str(write_config(tmp_path, "bad")), *args]) == 2
+    assert message in capsys.readouterr().err
