@@ -15,8 +15,10 @@ from torch.export import Dim
 import vispos
 
 V1, V2 = "swin_tiny_patch4_window7_224", "swinv2_tiny_window8_256"
-CASES = [(V1, "relbias2d"), (V1, "rope2d"), (V1, "rope2d_mixed"), (V1, "learned2d"), (V2, "cpb2d")]  # V1/V2: inherited
-IDS = ["swin-relbias2d", "swin-rope2d", "swin-rope2d_mixed", "swin-learned2d", "swinv2-cpb2d"]
+# One case per path through the model: the inherited table bias, a rotation (rope2d_mixed: the window rotation
+# rope2d shares, with learned frequencies), an additive table after the patch embedding, the continuous bias.
+CASES = [(V1, "relbias2d"), (V1, "rope2d_mixed"), (V1, "learned2d"), (V2, "cpb2d")]  # V1/V2: inherited
+IDS = ["swin-relbias2d", "swin-rope2d_mixed", "swin-learned2d", "swinv2-cpb2d"]
 TRACED = (2, 3, 64, 96)
 # Multiples of 32, none the traced size. Batch 1 is left out: the exported Swin guards on a batch of windows
 # other than one image's (a guard equivalent to batch != 1, found here and not yet traced to its line).
