@@ -258,8 +258,13 @@ def test_grid_report_prints_a_convergence_section(tmp_path: Path) -> None:
     md = grid_report.format_report({"grid_lookup": result}, "python -m train.grid_report", 1.0)
     section = md.split("## convergence")[1].split("\n## ")[0]
     cell = f"{'yes' if verdict.converged else 'no'} ({verdict.gain:+.1f} ± {verdict.noise:.1f})"
-    assert f"| grid_lookup | rope2d | {cell} |" in section
+    assert f"| grid_lookup | rope2d | {cell} | " in section
     assert "gains at most 0.5 points (train.converged_within) plus twice the gain's standard error" in section
+    # learnt: above chance (25 %) by three standard errors of chance on the 12 images, 25 + 37.5 points
+    for acc, word in ((62.4, "no"), (62.6, "yes")):
+        result.schemes["rope2d"].accuracy["resize"][32] = acc
+        md = grid_report.format_report({"grid_lookup": result}, "python -m train.grid_report", 1.0)
+        assert f"| {cell} | {word} ({acc:.1f}) |" in md
 
 
 # -- the settings
