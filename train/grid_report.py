@@ -26,7 +26,7 @@ from .config.sections import ConfigError
 from .data.datasets import DataError
 from .data.grid_tasks import CONTROLS, GLYPH, classes_of
 from .evaluation.convergence import NOT_CHECKED, rule_text, verdict_cell
-from .evaluation.report import within_of
+from .evaluation.report import seed_tables, stat, within_of
 from .evaluation.results import RunResult, convergences
 from .experiment.loading import load_config
 from .experiment.run import run_experiment
@@ -117,11 +117,7 @@ def run_tasks(args: argparse.Namespace) -> tuple[dict[str, RunResult], Path]:
 
 
 def _cell(r: RunResult, scheme: str, protocol: str, size: int) -> str:
-    entry = r.schemes[scheme]
-    values = [s.accuracy[protocol][size] for s in entry.per_seed.values()] or [entry.accuracy[protocol][size]]
-    if len(values) < 2:
-        return f"{values[0]:.1f}"
-    return f"{statistics.fmean(values):.1f} ± {statistics.stdev(values):.1f}"
+    return stat([t[protocol][size] for t in seed_tables(r.schemes[scheme])])
 
 
 def training_seconds(results: dict[str, RunResult]) -> float:
@@ -192,9 +188,7 @@ def format_report(results: dict[str, RunResult], command: str, seconds: float) -
 def learnt_cell(r: RunResult, task: str, name: str) -> str:
     """Whether the entry learnt the task at the training grid: above chance by more than three standard errors
     of a chance-level accuracy on the evaluation images. ``yes (97.5)``; over seeds ``2/3 (mean 71.0)``."""
-    entry, protocol = r.schemes[name], r.protocols[0]
-    values = [s.accuracy[protocol][r.train_size] for s in entry.per_seed.values()] or [
-        entry.accuracy[protocol][r.train_size]]
+    values = [t[r.protocols[0]][r.train_size] for t in seed_tables(r.schemes[name])]
     p = 1.0 / len(classes_of(task))
     bar = 100.0 * (p + 3 * (p * (1 - p) / max(r.eval_images, 1)) ** 0.5)
     if len(values) == 1:

@@ -11,7 +11,7 @@ import statistics
 from pathlib import Path
 
 from .convergence import NOT_CHECKED, rule_text, verdict_cell
-from .results import DEFAULT_WITHIN, Accuracy, RunResult, SchemeResult, convergences
+from .results import Accuracy, RunResult, SchemeResult, convergences, within_of_config
 
 PROTOCOL_TITLES = {
     "resize": "resize: image resized to the evaluation size (more tokens, same content)",
@@ -144,7 +144,7 @@ def plot(results: RunResult, path: Path) -> None:
 
 def within_of(results: RunResult) -> float:
     """The convergence tolerance (points) the run was configured with."""
-    return float(results.config.get("train", {}).get("converged_within", DEFAULT_WITHIN))
+    return within_of_config(results.config)
 
 
 def compute_seconds(results: RunResult) -> float:

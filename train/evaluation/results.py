@@ -23,6 +23,11 @@ Accuracy = dict[str, dict[int, float]]  # protocol -> evaluation size (px) -> to
 DEFAULT_WITHIN = TrainConfig.converged_within  # the tolerance of a results.json made before it was a setting
 
 
+def within_of_config(config: dict[str, Any]) -> float:
+    """The convergence tolerance (points) a run's config (as plain data) was made with."""
+    return float(config.get("train", {}).get("converged_within", DEFAULT_WITHIN))
+
+
 def accuracy_to_json(acc: Accuracy) -> dict[str, dict[str, float]]:
     return {protocol: {str(size): v for size, v in by_size.items()} for protocol, by_size in acc.items()}
 
@@ -162,7 +167,7 @@ def combine_seeds(runs: dict[int, RunResult], *, name: str, config: dict[str, An
         rows = {seed: run.schemes[entry] for seed, run in runs.items()}
         acc, acc_std = mean_std([r.accuracy for r in rows.values()])
         tuned, tuned_std = mean_std([r.finetuned for r in rows.values()]) if r0.finetuned else ({}, {})
-        within = config.get("train", {}).get("converged_within", DEFAULT_WITHIN)
+        within = within_of_config(config)
         per_seed = {seed: SeedResult(r.accuracy, r.finetuned, r.train.seconds if r.train else None,
                                      r.finetune_seconds, convergence_dict(r.train, within)) for seed, r in rows.items()}
         schemes[entry] = SchemeResult(r0.scheme, r0.train, acc, max(r.skipped_images for r in rows.values()), tuned,
