@@ -1,0 +1,94 @@
+"""The literature's orderings checked against a run (train.evaluation.orderings, python -m train.orderings):
+every implied pair is tested against twice the Welch standard error of its gap over seeds."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+
+import pytest
+
+from train import orderings as cli
+from train.config.sections import SchemeConfig
+from train.evaluation.orderings import CLAIMS, Claim, check, format_checks
+from train.evaluation.results import RunResult, SchemeResult, SeedResult
+
+CLAIM = Claim("a source", "a setting", ("a", "b", "c"), "1 / 2 / 3")
+
+
+def _run(per_seed: dict[str, list[float]], size: int = 28) -> RunResult:
+    """A run at train size 14 whose schemes scored ``per_seed[name]`` (one value per seed) at ``size`` px."""
+    schemes = {}
+    for name, values in per_seed.items():
+        seeds = {i: SeedResult({"resize": {14: 80.0, size: v}}, {}, None, None) for i, v in enumerate(values)}
+        mean = {"resize": {14: 80.0, size: statistics.fmean(values)}}
+        schemes[name] = SchemeResult(SchemeConfig(name=name, pos="nope"), None, mean, 0, per_seed=seeds)
+    return RunResult("synthetic", 14, [14, size], ["resize"], 100, "-", "cpu", 1, None, schemes, {},
+                     seeds=list(range(len(next(iter(per_seed.values()))))))
+
+
+def test_each_pair_is_judged_by_twice_its_welch_standard_error():
+    a, b, c = [70.0, 72.0, 74.0], [60.0, 61.0, 62.0], [71.0, 75.0, 73.0]
+    result = check(_run({"a": a, "b": b, "c": c}), CLAIM, "resize", 28)
+    pairs = {(p.better, p.worse): p for p in result.pairs}
+    assert set(pairs) == {("a", "b"), ("a", "c"), ("b", "c")}  # every pair the ordering implies
+    se_ab = math.sqrt(statistics.variance(a) / 3 + statistics.variance(b) / 3)
+    assert pairs["a", "b"].gap == pytest.approx(11.0) and pairs["a", "b"].se == pytest.approx(se_ab)
+    assert pairs["a", "b"].verdict == "agrees"  # 11 > 2 * 1.29
+    assert pairs["a", "c"].verdict == "tie"  # -1 within 2 * 1.63
+    assert pairs["b", "c"].verdict == "reversed"  # -12 beyond 2 * 1.29
+    assert result.verdict == "no"
+    assert result.ordering() == "c 73.0 ≈ a 72.0 > b 61.0"
+    assert "reversed: c above b by 12.0 ± 1.3" in result.details()
+    assert "tie: a - c = -1.0 ± 1.6" in result.details()
+
+
+def test_the_verdict_of_an_ordering():
+    agrees = check(_run({"a": [80, 81, 82], "b": [70, 71, 72], "c": [60, 61, 62]}), CLAIM, "resize", 28)
+    assert agrees.verdict == "yes" and agrees.details() == "every pair as claimed"
+    assert agrees.ordering() == "a 81.0 > b 71.0 > c 61.0"
+    unresolved = check(_run({"a": [80, 81, 82], "b": [70, 76, 82], "c": [60, 61, 62]}), CLAIM, "resize", 28)
+    assert unresolved.verdict == "unresolved"  # a - b: 5 ± 3.5, a tie; nothing reversed
+
+
+def test_a_margin_just_inside_or_outside_twice_the_error():
+    # b's three seeds are 10 +- 1 (std 1), a's are constant: se = 1 / sqrt(3); the boundary gap is 2 / sqrt(3)
+    boundary = 2.0 / math.sqrt(3.0)
+    for gap, verdict in ((boundary * 1.01, "agrees"), (boundary * 0.99, "tie"), (-boundary * 1.01, "reversed")):
+        run = _run({"a": [10.0 + gap] * 3, "b": [9.0, 10.0, 11.0]})
+        assert check(run, Claim("s", "-", ("a", "b"), "-"), "resize", 28).pairs[0].verdict == verdict, gap
+
+
+def test_one_seed_reads_any_gap_as_resolved():
+    one = check(_run({"a": [50.0], "b": [49.9], "c": [49.8]}), CLAIM, "resize", 28)
+    assert all(p.se == 0.0 for p in one.pairs) and one.verdict == "yes"
+
+
+def test_the_published_orderings_name_catalogue_schemes():
+    import vispos
+
+    for claim in CLAIMS.values():
+        for scheme in claim.schemes:
+            assert scheme in vispos.list_encodings(), scheme
+
+
+def test_the_command_prints_the_table_and_refuses_what_the_run_lacks(tmp_path, capsys):
+    run = _run({"learned2d": [60, 61, 62], "rope2d": [50, 52, 54], "rope2d_mixed": [70, 72, 74],
+                "alibi2d": [71, 73, 75], "nope": [40, 41, 42]})
+    (tmp_path / "results.json").write_text(json.dumps(run.to_json()))
+    assert cli.main([str(tmp_path), "--sizes", "28"]) == 0
+    out = capsys.readouterr().out
+    assert "| RoPE-ViT (ECCV 2024) | rope2d_mixed > rope2d > learned2d | 28 px (2x) |" in out
+    assert "rope2d_mixed 72.0 > learned2d 61.0 > rope2d 52.0 | no |" in out
+    assert "alibi2d 73.0 ≈ rope2d_mixed 72.0 > learned2d 61.0 > nope 41.0 | unresolved |" in out
+    assert cli.main([str(tmp_path), "--sizes", "20"]) == 2
+    assert "no resize accuracy at 20 px" in capsys.readouterr().err
+    assert cli.main([str(tmp_path / "missing.json"), "--sizes", "28"]) == 2
+    assert "cannot read" in capsys.readouterr().err
+
+
+def test_the_table_states_the_test_train_ratio():
+    run = _run({"a": [1.0, 2.0], "b": [0.0, 1.0], "c": [0.0, 0.5]}, size=24)
+    table = format_checks([check(run, CLAIM, "resize", 24)], 14)
+    assert "| a source | a > b > c | 24 px (1.7x) |" in table

@@ -1,0 +1,128 @@
+"""The literature's orderings of 2D schemes above the training resolution, checked against a run's results.
+
+A published ordering (``Claim``) names vispos schemes best first. ``check`` reads a run's per-seed accuracies at
+one protocol and evaluation size and tests every pair the ordering implies: the claimed better scheme's mean
+minus the other's, against twice the standard error of that difference over seeds (Welch's, from each
+scheme's sample standard deviation). A pair *agrees* when the difference exceeds it in the claimed
+direction, is *reversed* when it exceeds it the other way, and is a *tie* otherwise. The ordering agrees when
+every pair does, disagrees when any pair is reversed, and is unresolved when the rest are ties. With three
+seeds the test is loose (a tie needs a gap below about 2.3 standard deviations of one seed), which is the
+honest reading of three seeds.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from itertools import combinations
+
+from .report import seed_tables
+from .results import RunResult
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A published ordering: ``schemes`` best first, as vispos names them; ``numbers`` the source's figures."""
+
+    source: str
+    setting: str
+    schemes: tuple[str, ...]
+    numbers: str
+
+
+CLAIMS: dict[str, Claim] = {
+    "rope_vit": Claim(
+        "RoPE-ViT (ECCV 2024)", "ViT-S, ImageNet-1k, trained at 224, resized 144-512",
+        ("rope2d_mixed", "rope2d", "learned2d"),
+        "81.8 / 80.0 / 79.4 at 384 px (1.71x); 79.1 / 76.1 / 75.4 at 512 px (2.29x)"),
+    "blogpost": Claim(
+        "ICLR 2025 blogpost", "ViT, ImageNet-100, trained at 224, zero-shot 96-512",
+        ("alibi2d", "rope2d_mixed", "learned2d", "nope"),
+        "65.8 / 58.9 / 55.9 / 54.2 at 384 px (1.71x), the same order at 448 and 512"),
+}
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One implied pair: ``better`` is claimed above ``worse``; ``gap`` their mean difference (points)."""
+
+    better: str
+    worse: str
+    gap: float
+    se: float  # the standard error of ``gap`` over seeds (0.0 for one seed)
+
+    @property
+    def verdict(self) -> str:
+        margin = 2.0 * self.se
+        return "agrees" if self.gap > margin else "reversed" if self.gap < -margin else "tie"
+
+
+@dataclass(frozen=True)
+class Check:
+    claim: Claim
+    protocol: str
+    size: int
+    means: dict[str, float]  # scheme -> mean accuracy (%)
+    pairs: list[Pair]
+
+    @property
+    def verdict(self) -> str:
+        verdicts = {p.verdict for p in self.pairs}
+        return "yes" if verdicts == {"agrees"} else "no" if "reversed" in verdicts else "unresolved"
+
+    def ordering(self) -> str:
+        """The schemes by mean, best first; ``≈`` where a pair is a tie, ``>`` where it is resolved."""
+        ranked = sorted(self.means, key=lambda s: -self.means[s])
+        ties = {frozenset((p.better, p.worse)) for p in self.pairs if p.verdict == "tie"}
+        out = f"{ranked[0]} {self.means[ranked[0]]:.1f}"
+        for above, below in zip(ranked, ranked[1:], strict=False):
+            sign = "≈" if frozenset((above, below)) in ties else ">"
+            out += f" {sign} {below} {self.means[below]:.1f}"
+        return out
+
+    def details(self) -> str:
+        """The reversed and tied pairs in words, e.g. ``reversed: learned2d above rope2d_mixed by 4.1 ± 1.2``."""
+        parts = []
+        for p in self.pairs:
+            if p.verdict == "reversed":
+                parts.append(f"reversed: {p.worse} above {p.better} by {-p.gap:.1f} ± {p.se:.1f}")
+            elif p.verdict == "tie":
+                parts.append(f"tie: {p.better} - {p.worse} = {p.gap:+.1f} ± {p.se:.1f}")
+        return "; ".join(parts) or "every pair as claimed"
+
+
+def _seed_values(results: RunResult, scheme: str, protocol: str, size: int) -> list[float]:
+    if scheme not in results.schemes:
+        raise KeyError(f"{results.name} has no scheme {scheme!r} (it has {', '.join(results.schemes)})")
+    tables = seed_tables(results.schemes[scheme])
+    if size not in tables[0].get(protocol, {}):
+        raise KeyError(f"{results.name} has no {protocol} accuracy at {size} px "
+                       f"(sizes: {', '.join(map(str, results.sizes))}; protocols: {', '.join(results.protocols)})")
+    return [t[protocol][size] for t in tables]
+
+
+def check(results: RunResult, claim: Claim, protocol: str, size: int) -> Check:
+    """Every pair ``claim`` implies, tested on ``results`` at ``protocol`` and ``size`` (px)."""
+    values = {s: _seed_values(results, s, protocol, size) for s in claim.schemes}
+    means = {s: statistics.fmean(v) for s, v in values.items()}
+
+    def se(a: list[float], b: list[float]) -> float:
+        if len(a) < 2 or len(b) < 2:
+            return 0.0
+        return math.sqrt(statistics.variance(a) / len(a) + statistics.variance(b) / len(b))
+
+    pairs = [Pair(hi, lo, means[hi] - means[lo], se(values[hi], values[lo]))
+             for hi, lo in combinations(claim.schemes, 2)]
+    return Check(claim, protocol, size, means, pairs)
+
+
+def format_checks(checks: list[Check], train_size: int) -> str:
+    """Markdown: one row per (claim, size): the published ordering, vispos's, and whether they agree."""
+    lines = ["| source | published ordering | size | vispos ordering (mean top-1 %) | agrees? | pairs |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for c in checks:
+        published = " > ".join(c.claim.schemes)
+        lines.append(f"| {c.claim.source} | {published} | {c.size} px ({c.size / train_size:.2g}x) | "
+                     f"{c.ordering()} | {c.verdict} | {c.details()} |")
+    return "\n".join(lines)

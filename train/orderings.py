@@ -1,0 +1,47 @@
+"""``python -m train.orderings docs/fmnist_native/results.json --sizes 24 28``: the literature's orderings of
+2D schemes above the training resolution (``train.evaluation.orderings.CLAIMS``) checked against a run's
+per-seed accuracies, printed as a markdown table (docs/resolution.md holds it)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .evaluation.orderings import CLAIMS, check, format_checks
+from .evaluation.results import RunResult
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m train.orderings", description=__doc__.split("\n\n")[0])
+    p.add_argument("results", help="a run's results.json, or the run folder that holds it")
+    p.add_argument("--sizes", type=int, nargs="+", required=True, help="evaluation sizes (px) to check at")
+    p.add_argument("--protocol", default="resize", help="the protocol the accuracies were measured under")
+    p.add_argument("--claims", nargs="+", default=list(CLAIMS), choices=list(CLAIMS),
+                   help="which published orderings (default: all)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    path = Path(args.results)
+    path = path / "results.json" if path.is_dir() else path
+    try:
+        results = RunResult.from_json(json.loads(path.read_text()))
+        checks = [check(results, CLAIMS[name], args.protocol, size) for name in args.claims for size in args.sizes]
+    except (OSError, ValueError) as e:
+        print(f"error: cannot read {path}: {e}", file=sys.stderr)
+        return 2
+    except KeyError as e:
+        print(f"error: {e.args[0]}", file=sys.stderr)
+        return 2
+    seeds = len(results.seeds) or 1
+    print(f"{results.name}: trained at {results.train_size} px, {seeds} seed(s), protocol {args.protocol}; "
+          "a pair agrees when its gap exceeds twice its standard error over seeds\n")
+    print(format_checks(checks, results.train_size))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
