@@ -198,16 +198,41 @@ def test_multires_sizes_come_from_the_set_or_every_patch_multiple_of_the_range()
 
 
 def test_rrc_flip_crops_inside_the_image_within_the_area_range_and_never_upsizes_the_batch() -> None:
-    from train.data.transforms import RRC_SCALE, resized_crop_batch, resized_crop_boxes
+    from train.data.transforms import resized_crop_batch, resized_crop_boxes
 
-    boxes = resized_crop_boxes(500, 28, 28, torch.Generator().manual_seed(0))
-    areas = [bh * bw / 28**2 for _, _, bh, bw in boxes]
-    assert all(t >= 0 and left >= 0 and t + bh <= 28 and left + bw <= 28 for t, left, bh, bw in boxes)
-    assert RRC_SCALE[0] - 0.05 <= min(areas) < 0.45 and max(areas) > 0.9  # the range is covered, rounding aside
+    for lo, hi in ((0.35, 1.0), (0.08, 0.2)):
+        boxes = resized_crop_boxes(500, 28, 28, torch.Generator().manual_seed(0), (lo, hi))
+        areas = [bh * bw / 28**2 for _, _, bh, bw in boxes]
+        assert all(t >= 0 and left >= 0 and t + bh <= 28 and left + bw <= 28 for t, left, bh, bw in boxes)
+        assert lo - 0.05 <= min(areas) < lo + 0.05 and hi - 0.1 < max(areas) < hi + 0.05  # covered, rounding aside
     x = torch.rand(4, 1, 28, 28)
-    out = resized_crop_batch(x, 20, torch.Generator().manual_seed(1))
+    out = resized_crop_batch(x, 20, torch.Generator().manual_seed(1), (0.35, 1.0))
     assert out.shape == (4, 1, 20, 20) and 0.0 <= out.min() and out.max() <= 1.0
     cfg = config_from_dict({**TINY, "data": {"augment": "rrc_flip", "train_per_class": 4}, "train": {"batch_size": 8}})
     data = build_data(cfg.data)
     first, again = (list(train_loader(data, cfg).epoch(0)) for _ in range(2))
     assert all(torch.equal(a.x, b.x) and a.x.shape[-1] == 28 for a, b in zip(first, again, strict=True))
+
+
+def test_crop_scale_reaches_both_loaders_and_enters_the_fingerprint_only_when_set(tmp_path: Path) -> None:
+    from train.engine.checkpoint import fingerprint
+
+    base = {**TINY, "data": {"augment": "rrc_flip", "train_per_class": 4}, "train": {"batch_size": 8}}
+    default, deit = (config_from_dict({**base, "data": {**base["data"], **extra}})
+                     for extra in ({}, {"crop_scale": [0.08, 1.0]}))
+    data = build_data(default.data)
+    mild, wide = ([b.x for b in train_loader(data, cfg).epoch(0)] for cfg in (default, deit))
+    assert not any(torch.equal(a, b) for a, b in zip(mild, wide, strict=True))  # the tensor loader's crops
+    root = make_image_folder(tmp_path / "tree", classes=2, per_class=4, size=16)
+    folder = config_from_dict({**TINY, "data": {"dataset": "folder", "root": str(root), "img_size": 12,
+                                                "augment": "crop_flip", "crop_scale": [0.08, 0.5]},
+                               "train": {"batch_size": 4}})
+    folder_data = build_data(folder.data)
+    next(iter(train_loader(folder_data, folder).epoch(0)))
+    crops = [t for t in folder_data.train.transform.transforms if hasattr(t, "scale")]  # timm's RandomResizedCrop
+    assert [c.scale for c in crops] == [(0.08, 0.5)]
+    assert "crop_scale" not in fingerprint(default, default.schemes[0])["data"]  # earlier runs keep theirs
+    assert fingerprint(deit, deit.schemes[0])["data"]["crop_scale"] == [0.08, 1.0]
+    for bad in ([0.0, 1.0], [0.5, 0.4], [0.5], [0.1, 1.5]):
+        with pytest.raises(ConfigError, match="data.crop_scale"):
+            config_from_dict({**base, "data": {**base["data"], "crop_scale": bad}})

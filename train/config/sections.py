@@ -46,8 +46,11 @@ class DataConfig:
     on_corrupt: Literal["skip", "error"] = "skip"  # unreadable image: skip and count, or stop naming it
     workers: int = 0  # DataLoader workers for folder datasets
     # training augmentation; Fashion-MNIST: crop_flip shifts by up to 1/7 of the side, rrc_flip takes a random-
-    # resized crop (area 0.35-1, as folder data's crop_flip, which rrc_flip equals there); both flip
+    # resized crop (area in crop_scale, as folder data's crop_flip, which rrc_flip equals there); both flip
     augment: Literal["none", "flip", "crop_flip", "rrc_flip"] = "none"
+    # the random-resized crop's area range, fractions of the image (DeiT's ImageNet recipe: [0.08, 1.0]); the
+    # smallest area 1/z^2 shows objects zoomed up to z times in training
+    crop_scale: list[float] = field(default_factory=lambda: [0.35, 1.0])
     auto_augment: str | None = None  # folder: timm RandAugment string, e.g. "rand-m9-mstd0.5-inc1"
     crop_pct: float = 0.875  # folder: eval resize to floor(img_size / crop_pct), then centre crop (timm)
     mean: list[float] | None = None  # None: the dataset's own statistics (Fashion-MNIST) or ImageNet's

@@ -161,6 +161,9 @@ def _validate_data(d: DataConfig) -> None:
         raise ConfigError(f"data.std must be > 0 per channel, got {d.std}")
     if d.mean is not None and d.std is not None and len(d.mean) != len(d.std):
         raise ConfigError(f"data.mean and data.std need one value per channel each, got {d.mean} and {d.std}")
+    if len(d.crop_scale) != 2 or not 0 < d.crop_scale[0] <= d.crop_scale[1] <= 1:
+        raise ConfigError(f"data.crop_scale: [smallest, largest] crop area as fractions of the image, "
+                          f"0 < smallest <= largest <= 1 (e.g. [0.08, 1.0]), got {d.crop_scale}")
     channels = {"fashion_mnist": (1,), "folder": (1, 3)}.get(d.dataset)
     if channels is not None and d.mean is not None and len(d.mean) not in channels:
         raise ConfigError(f"data.mean / data.std: {d.dataset} images have {' or '.join(map(str, channels))} "

@@ -120,14 +120,18 @@ class TrainLoader:
                     x = resize(x, size)
                 else:  # on the global batch: the same whatever the process count
                     gen = generator(self.seed, epoch, step, 1)
-                    x = resized_crop_batch(x, size, gen) if self.cfg.augment == "rrc_flip" else resize(x, size)
+                    if self.cfg.augment == "rrc_flip":
+                        x = resized_crop_batch(x, size, gen, tuple(self.cfg.crop_scale))
+                    else:
+                        x = resize(x, size)
                     x = augment_batch(x, self.cfg.augment, gen)
                 lo = self.dist.rank * self.local_batch
                 x, y = x[lo : lo + self.local_batch], ds.labels[glob][lo : lo + self.local_batch]
                 yield Batch(step, normalize(x, self.data.mean, self.data.std), y, [])
             return
         assert isinstance(ds, FolderImages)
-        ds.transform = train_transform(base, self.cfg.crop_pct, self.cfg.augment, self.cfg.auto_augment, self.data.mean)
+        ds.transform = train_transform(base, self.cfg.crop_pct, self.cfg.augment, self.cfg.auto_augment, self.data.mean,
+                                       tuple(self.cfg.crop_scale))
         ds.seed = mix_seed(self.seed, epoch, modulus=2**31)
         batches = [self._local(order, s).tolist() for s in range(start_step, self.steps)]
         loader = torch.utils.data.DataLoader(ds, batch_sampler=batches, num_workers=self.cfg.workers,

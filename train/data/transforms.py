@@ -16,8 +16,6 @@ from timm.data.auto_augment import rand_augment_transform
 from torch import Tensor
 from torchvision import transforms as T
 
-RRC_SCALE = (0.35, 1.0)  # random-resized-crop area range of augment=crop_flip (small images, mild zoom)
-
 
 def normalize(x: Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> Tensor:
     """[B, C, H, W] pixels in [0, 1] -> normalised."""
@@ -58,7 +56,7 @@ def place_on_canvas(x: Tensor, size: int, offsets: Tensor, fill: tuple[float, ..
 
 
 def resized_crop_boxes(n: int, h: int, w: int, gen: torch.Generator,
-                       scale: tuple[float, float] = RRC_SCALE) -> list[tuple[int, int, int, int]]:
+                       scale: tuple[float, float]) -> list[tuple[int, int, int, int]]:
     """Random-resized-crop boxes (top, left, height, width), one per image: area a fraction in ``scale`` of
     the image, aspect ratio log-uniform in [3/4, 4/3], clipped to the image (torchvision's ranges)."""
     area = torch.empty(n).uniform_(*scale, generator=gen) * h * w
@@ -72,12 +70,13 @@ def resized_crop_boxes(n: int, h: int, w: int, gen: torch.Generator,
     return boxes
 
 
-def resized_crop_batch(x: Tensor, size: int, gen: torch.Generator) -> Tensor:
+def resized_crop_batch(x: Tensor, size: int, gen: torch.Generator,
+                       scale: tuple[float, float]) -> Tensor:
     """[B, C, H, W] pixels -> [B, C, size, size]: each image's random-resized crop, resized (``rrc_flip``).
 
     The crop enlarges the object in the frame, as ImageNet's training crop does; the output is never
-    larger than ``size``."""
-    boxes = resized_crop_boxes(len(x), x.shape[-2], x.shape[-1], gen)
+    larger than ``size``; ``scale`` is the crop's area range (fractions of the image)."""
+    boxes = resized_crop_boxes(len(x), x.shape[-2], x.shape[-1], gen, scale)
     return torch.cat([resize(x[i : i + 1, :, t : t + bh, l : l + bw], size) for i, (t, l, bh, bw) in enumerate(boxes)])
 
 
@@ -100,14 +99,15 @@ def eval_transform(size: int, crop_pct: float) -> T.Compose:
 
 
 def train_transform(size: int, crop_pct: float, augment: str, auto_augment: str | None,
-                    mean: tuple[float, ...]) -> T.Compose:
+                    mean: tuple[float, ...], crop_scale: tuple[float, float]) -> T.Compose:
     """Training transform of a folder image, uint8 [C, S, S] out.
 
-    ``crop_flip`` / ``rrc_flip``: timm's training transform (random-resized crop, flip, RandAugment when
-    given, no colour jitter). ``none`` / ``flip``: the evaluation crop, + flip, + RandAugment when given.
+    ``crop_flip`` / ``rrc_flip``: timm's training transform (random-resized crop of area ``crop_scale``, flip,
+    RandAugment when given, no colour jitter). ``none`` / ``flip``: the evaluation crop, + flip, + RandAugment
+    when given.
     """
     if augment in ("crop_flip", "rrc_flip"):
-        return create_transform(size, is_training=True, scale=RRC_SCALE, hflip=0.5, color_jitter=None,
+        return create_transform(size, is_training=True, scale=crop_scale, hflip=0.5, color_jitter=None,
                                 auto_augment=auto_augment, interpolation="bicubic", mean=mean, normalize=False)
     *crop, to_tensor = eval_transform(size, crop_pct).transforms
     steps = [*crop, *([T.RandomHorizontalFlip()] if augment == "flip" else [])]

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..config.sections import ExperimentConfig, SchemeConfig, scheme_config, to_dict
+from ..config.sections import DataConfig, ExperimentConfig, SchemeConfig, scheme_config, to_dict
 
 FORMAT = 1
 
@@ -127,6 +127,8 @@ def fingerprint(cfg: ExperimentConfig, scheme: SchemeConfig) -> dict[str, Any]:
     data = {k: v for k, v in to_dict(cfg.data).items() if k != "workers"}
     if data["zooms"] == [1]:  # the training scale only: runs made before data.zooms keep their fingerprint
         data.pop("zooms")
+    if data["crop_scale"] == DataConfig().crop_scale:  # likewise for runs made before data.crop_scale
+        data.pop("crop_scale")
     train = {k: v for k, v in to_dict(cfg.train).items() if k not in (
         "checkpoint_every", "compile", "log_every", "activation_checkpointing", "val_every", "converged_within")}
     if not cfg.train.ema:  # the EMA settings matter only when it is on (runs made before it keep their fingerprint)

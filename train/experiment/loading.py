@@ -39,7 +39,8 @@ def check_data_choices(d: DataConfig) -> None:
             raise ConfigError(f"data: {err}") from None
     if d.auto_augment is not None:
         try:
-            train_transform(d.img_size, d.crop_pct, d.augment, d.auto_augment, tuple(d.mean or (0.5,)))
+            train_transform(d.img_size, d.crop_pct, d.augment, d.auto_augment, tuple(d.mean or (0.5,)),
+                            tuple(d.crop_scale))
         except (AssertionError, ValueError, KeyError, IndexError) as err:
             raise ConfigError(f"data.auto_augment {d.auto_augment!r} is not a timm augmentation string "
                               f"(e.g. rand-m9-mstd0.5-inc1): {err or type(err).__name__}") from None
