@@ -92,3 +92,12 @@ def test_the_table_states_the_test_train_ratio():
     run = _run({"a": [1.0, 2.0], "b": [0.0, 1.0], "c": [0.0, 0.5]}, size=24)
     table = format_checks([check(run, CLAIM, "resize", 24)], 14)
     assert "| a source | a > b > c | 24 px (1.7x) |" in table
+
+
+def test_a_run_with_some_of_the_claimed_schemes_checks_their_pairs_and_names_the_rest(tmp_path, capsys):
+    part = check(_run({"a": [80.0, 81.0], "c": [60.0, 61.0]}), CLAIM, "resize", 28)
+    assert [(p.better, p.worse) for p in part.pairs] == [("a", "c")] and part.missing == ("b",)
+    assert part.verdict == "yes" and part.details() == "not trained: b"
+    (tmp_path / "results.json").write_text(json.dumps(_run({"rope2d": [50.0], "alibi2d": [60.0]}).to_json()))
+    assert cli.main([str(tmp_path), "--sizes", "28", "--claims", "rope_vit"]) == 2
+    assert "has 1 of RoPE-ViT (ECCV 2024)'s schemes" in capsys.readouterr().err
