@@ -220,7 +220,8 @@ class Rope2d(nn.Module):
 @register("rope2d_mixed", ndim=2, kind="rotary", trainable=True, relative=True, context=("dim", "num_heads"),
     per_layer=True, summary="RoPE-Mixed: learnable per-layer, per-head 2D frequencies",
     extrapolation="unseen angles at pixel coords; best above training size in RoPE-ViT (ImageNet), "
-    "below learned2d at 2x on Fashion-MNIST (docs/fmnist_native, docs/fmnist_full)", reference="Heo et al. 2024 (RoPE-ViT)")
+    "below learned2d at 2x on Fashion-MNIST (docs/fmnist_native, docs/fmnist_full)",
+    reference="Heo et al. 2024 (RoPE-ViT)")
 class Rope2dMixed(nn.Module):
     """RoPE-Mixed (Heo et al. 2024): learnable 2D frequency vectors per head (one module per layer).
 
