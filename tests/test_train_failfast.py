@@ -276,13 +276,27 @@ def test_ctrl_c_exits_130_with_the_resume_command_and_an_intact_checkpoint(
     assert done["finished"] and done["position"]["global_step"] == 10
 
 
+def _sigint_as_at_a_terminal() -> None:
+    """In the child before exec: SIGINT at its default, so Python raises KeyboardInterrupt on it even when the
+    suite itself runs in a background job (where the shell hands every child SIGINT ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.fixture
+def interruptible():
+    """SIGINT raises KeyboardInterrupt in this process for the test's duration, whatever it inherited."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 def test_sigint_in_a_real_process(tmp_path: Path) -> None:
     """The signal itself, wherever it lands (a step, a save, the loader): exit 130, one line, a loadable checkpoint."""
     path = write_config(tmp_path, train={"epochs": 200, "checkpoint_every": 1, "val_every_epoch": False})
     ck_path = tmp_path / "run" / "rope2d" / "checkpoint.pt"
     proc = subprocess.Popen([sys.executable, "-m", "train", "--config", str(path)], cwd=ROOT, text=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=_sigint_as_at_a_terminal)
     try:
         deadline = time.monotonic() + 240
         while not ck_path.exists() and proc.poll() is None and time.monotonic() < deadline:
@@ -333,7 +347,7 @@ def test_progress_lines_in_a_redirected_process(tmp_path: Path) -> None:
     assert "\r" not in text  # no bar redraws in the file
 
 
-def test_ctrl_c_during_a_checkpoint_write_lands_after_the_file_is_in_place(tmp_path: Path) -> None:
+def test_ctrl_c_during_a_checkpoint_write_lands_after_the_file_is_in_place(tmp_path: Path, interruptible) -> None:
     """SIGINT may reach any thread while torch.save runs; the write finishes, then the interrupt is raised."""
     import threading
 
