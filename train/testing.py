@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 from PIL import Image
 
 from .config.sections import ExperimentConfig
@@ -39,6 +40,13 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 def tiny_config(out_dir: str | Path, **sections: Any) -> ExperimentConfig:
     """A config that trains in seconds on 200 Fashion-MNIST images; ``sections`` are merged in."""
     return config_from_dict(_merge(TINY, {"out_dir": str(out_dir), **sections}))
+
+
+def write_tiny_config(tmp_path: Path, **sections: Any) -> Path:
+    """``tiny_config``'s settings as ``tmp_path/config.yaml`` (run folder ``tmp_path/run``), for the command line."""
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(_merge(TINY, {"out_dir": str(tmp_path / "run"), **sections})))
+    return path
 
 
 def make_image_folder(root: Path, *, classes: int = 3, per_class: int = 4, size: int = 12,
