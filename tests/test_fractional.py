@@ -22,8 +22,8 @@ from vispos.timm.model import PREFIX_TOKENS
 
 ONE_GRID = ("decomposed2d",)  # refuses ragged batches, and so points (tests/test_decomposed2d.py)
 SCHEMES_2D = [*(s for s in vispos.list_encodings(2) if s not in ONE_GRID), ["learned2d", "relbias2d"]]
-AT_POINTS = [s for s in vispos.list_encodings(2) if s not in ("relbias2d", "peg2d", "nope", *ONE_GRID)]
-CELLS_ONLY = ["relbias2d", "peg2d"]
+CELLS_ONLY = ["relbias2d", "peg2d", "fire2d"]
+AT_POINTS = [s for s in vispos.list_encodings(2) if s not in ("nope", *CELLS_ONLY, *ONE_GRID)]
 GRIDS = [(3, 5), (4, 3)]  # the two images of a batch
 
 

@@ -31,6 +31,10 @@ BAD: dict[str, list[object]] = {
     "temperature": POSITIVE,
     "scale_base": POSITIVE,
     "max_bias": POSITIVE,
+    "global_slope": NON_NEGATIVE,
+    "init_c": POSITIVE,
+    "threshold": POSITIVE,
+    "eps": POSITIVE,
     "min_period": POSITIVE,
     "max_period": POSITIVE,
     "init_std": NON_NEGATIVE,
@@ -45,6 +49,7 @@ BAD: dict[str, list[object]] = {
     "dropout": [-0.1, 1.0, 1.5, *NUMBER, None],  # a probability below 1
     # counts
     "hidden": COUNT,
+    "mlp_width": COUNT,
     "max_len": COUNT,
     "max_distance": COUNT,
     "num_buckets": COUNT,
@@ -67,6 +72,8 @@ BAD: dict[str, list[object]] = {
     "spacing": CHOICE,
     "offset_scale": CHOICE,
     "output": CHOICE,
+    "distance": CHOICE,
+    "fill": CHOICE,
     # flags
     "factorized": FLAG,
     "antialias": FLAG,
@@ -76,22 +83,29 @@ BAD: dict[str, list[object]] = {
     "rotate": FLAG,
     "values": FLAG,
     "out_bias": FLAG,
+    "learn_threshold": FLAG,
     # structured
     "ref_grid": GRID,
     "sections": [(1, 2), (-1, 5, 4), (1.0, 3, 4), (True, 3, 4), "abc", 8],
     "split": SEQUENCE,
     "train_size": SEQUENCE,
     "scale_axes": SEQUENCE,
+    "fields": ["bogus", "corners-bogus", "center", "", 1, None],
+    "layer_slopes": [(1.0,), (1.0, -1.0), (NAN, 1.0), "ab", 1.0, None],
+    "head_slopes": [(0.5,), (0.5, -1.0), (0.5, NAN), "ab", 1.0],  # None: the released slopes
     "scaling": [2.0, "cubic", {"type": "linear", "factor": 0.5}, {"type": "linear", "factor": 2.0, "beta_fast": 8}],
 }
 # the context a host fills in: given by hand to create_encoding, it is checked the same way
-CONTEXT = {"dim": 16, "num_heads": 2, "train_grid": (4, 4), "num_prefix_tokens": 1, "causal": False}
+CONTEXT = {"dim": 16, "num_heads": 2, "train_grid": (4, 4), "num_prefix_tokens": 1, "causal": False,
+           "layer": 0, "depth": 1}
 CONTEXT_BAD: dict[str, list[object]] = {
     "dim": [0, -4, 16.0, True, "16", None],
     "num_heads": [0, -1, 2.0, True, None],
     "train_grid": GRID,
     "num_prefix_tokens": [-1, 1.0, True, None],
     "causal": FLAG,
+    "layer": [-1, 1, 1.0, True, None],  # 1: not below the depth (1)
+    "depth": [0, -1, 2.0, True, None],
 }
 # options that only take effect beside another one: the bad value is given with a valid partner
 PARTNERS: dict[str, dict[str, object]] = {

@@ -82,6 +82,9 @@ def test_the_command_prints_the_table_and_refuses_what_the_run_lacks(tmp_path, c
     assert "| RoPE-ViT (ECCV 2024) | rope2d_mixed > rope2d > learned2d | 28 px (2x) |" in out
     assert "rope2d_mixed 72.0 > learned2d 61.0 > rope2d 52.0 | no |" in out
     assert "alibi2d 73.0 ≈ rope2d_mixed 72.0 > learned2d 61.0 > nope 41.0 | unresolved |" in out
+    assert "not checked, the run trains fewer than two of their schemes: LookHere (NeurIPS 2024) (lookhere2d" in out
+    assert cli.main([str(tmp_path), "--sizes", "28", "--claims", "lookhere"]) == 2  # asked for by name: refused
+    assert "has 1 of LookHere (NeurIPS 2024)'s schemes" in capsys.readouterr().err
     assert cli.main([str(tmp_path), "--sizes", "20"]) == 2
     assert "no resize accuracy at 20 px" in capsys.readouterr().err
     assert cli.main([str(tmp_path / "missing.json"), "--sizes", "28"]) == 2

@@ -34,6 +34,9 @@ SEEDS = (0, 1, 2)
 FP = 1e-4  # "zero" to floating-point precision: the rotations and biases are computed in fp32
 CLEAR = 1e-2  # "clearly above zero"
 # from the registry's declared properties, so a new scheme is covered without editing this file
+# options that put a scheme where its declared property shows: FIRE is relative among the queries before its
+# threshold L (512 tokens by default) and not past it, so it is measured with L = 1
+MEASURED_WITH: dict[str, dict[str, object]] = {"fire": {"threshold": 1.0}}
 RELATIVE_2D = tuple(n for n in vispos.list_encodings(ndim=2) if vispos.get_info(n, 2).relative)
 
 
@@ -51,7 +54,7 @@ def encoding(name: str, ndim: int, seed: int, **options: object) -> nn.Module:
     info = vispos.get_info(name, ndim)
     context = {"dim": EMBED if info.kind in ("additive", "conditional") else HEAD_DIM, "num_heads": HEADS}
     context["train_grid"] = GRID
-    context |= {"num_prefix_tokens": 0, "causal": False}
+    context |= {"num_prefix_tokens": 0, "causal": False, "layer": 0, "depth": 1}
     enc = vispos.create_encoding(name, ndim=ndim, **{k: context[k] for k in info.context} | options)
     return randomize_(enc, seed)
 
@@ -141,7 +144,7 @@ def test_declared_relative_property_matches_behaviour(ndim: int, seed: int) -> N
         if info.kind == "none":
             continue
         where = GRID if ndim == 2 else N_1D
-        enc = encoding(name, ndim, seed)
+        enc = encoding(name, ndim, seed, **MEASURED_WITH.get(name, {}))
         if info.kind in ("additive", "conditional"):  # tokens (content + table, or transformed content) projected
             wq, wk = content(seed, HEADS, EMBED, HEAD_DIM), content(seed + 1, HEADS, EMBED, HEAD_DIM)
             logits = scheme_logits(enc, where, wq=wq, wk=wk, content=content(seed + 2, EMBED))

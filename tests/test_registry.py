@@ -27,6 +27,7 @@ SCHEMES_1D = vispos.list_encodings(ndim=1)
 def build(name: str, ndim: int = 2, **extra: object) -> torch.nn.Module:
     """The scheme with small values for the context it declares (dim, num_heads, train_grid...)."""
     context = {"dim": DIM, "num_heads": HEADS, "train_grid": GRID, "num_prefix_tokens": 0, "causal": False}
+    context |= {"layer": 0, "depth": 1}
     info = vispos.get_info(name, ndim)
     return vispos.create_encoding(name, ndim=ndim, **{k: context[k] for k in info.context} | extra)
 
@@ -74,9 +75,11 @@ def test_catalogue_has_the_design_names() -> None:
         "liere2d",
         "peg2d",
         "decomposed2d",
+        "lookhere2d",
+        "fire2d",
     }
     assert set(SCHEMES_1D) == {
-        "sincos1d", "learned1d", "shaw", "t5", "alibi", "rope", "xpos", "mrope", "nope", "ropend",
+        "sincos1d", "learned1d", "shaw", "t5", "alibi", "rope", "xpos", "mrope", "nope", "ropend", "fire",
     }  # fmt: skip
     assert vispos.list_encodings() == sorted(set(SCHEMES_1D) | set(SCHEMES_2D))
 

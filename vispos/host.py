@@ -123,8 +123,11 @@ def _build(
 ) -> nn.Module:
     if info.builds_per_layer(options):
         grids = layer_grids or [context["train_grid"]] * copies
-        return nn.ModuleList(build_in_context(info, context | {"train_grid": g}, options) for g in grids)
-    return build_in_context(info, context, options)
+        return nn.ModuleList(
+            build_in_context(info, context | {"train_grid": g, "layer": i, "depth": len(grids)}, options)
+            for i, g in enumerate(grids)
+        )
+    return build_in_context(info, context | {"layer": 0, "depth": copies}, options)
 
 
 def plan_schemes(

@@ -37,6 +37,8 @@ CONTEXT: dict[str, str] = {
     "num_prefix_tokens": "prefix tokens (cls, distillation, registers) the scheme gives entries of their own (2D): "
     "those timm's pos_embed covers (additive schemes), all of them (attention schemes)",
     "causal": "whether attention is causal (1D)",
+    "layer": "the index of the layer an instance serves (per-layer schemes whose form changes with depth)",
+    "depth": "the number of layers the instances of a per-layer scheme serve",
 }
 
 M = TypeVar("M", bound=type[nn.Module])

@@ -40,6 +40,12 @@ CLAIMS: dict[str, Claim] = {
         "ICLR 2025 blogpost", "ViT, ImageNet-100, trained at 224, zero-shot 96-512",
         ("alibi2d", "rope2d_mixed", "learned2d", "nope"),
         "65.8 / 58.9 / 55.9 / 54.2 at 384 px (1.71x), the same order at 448 and 512"),
+    "lookhere": Claim(
+        "LookHere (NeurIPS 2024)", "ViT-B/16, ImageNet-1k, trained at 224, tested up to 1024 px",
+        ("lookhere2d", "rope2d"), "+21.7 top-1 over 2D RoPE at 1024 px (4.57x)"),
+    "tmlr": Claim(
+        "extrapolation study under review at TMLR", "ViT-Tiny, ImageNet-100, trained at 224, zero-shot to 1024",
+        ("fire2d", "rope2d"), "FIRE 63.1 / RoPE 18.9 at 1024 px (4.57x)"),
 }
 
 

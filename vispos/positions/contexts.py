@@ -131,15 +131,17 @@ class Contexts:
             module = module[0] if isinstance(module, nn.ModuleList) else module
             if module is None or not self.enabled or (role == "attention" and self.attention_kind == "none"):
                 continue
+            why = getattr(module, "cells_only", None)  # a reason of the scheme's own, or None
             if role == "attention" and self.attention_kind == "bias":
-                takes = hasattr(module, "pair_bias")
+                takes = hasattr(module, "pair_bias") and why is None
             else:
                 takes = "cells" in inspect.signature(module.forward).parameters
             if not takes:
                 kind = "additive" if role == "additive" else self.attention_kind
                 name = next(n for n in self.settings["pos"] if get_info(n, ndim=2).kind == kind)
+                why = why or "its table holds one value per integer offset"
                 return (
-                    f"{name} is defined at integer grid cells only (its table holds one value per integer offset): "
+                    f"{name} is defined at integer grid cells only ({why}): "
                     "fractional coordinates are refused; round them to cells, or use a scheme defined between "
                     "cells (cpb2d, alibi2d, the rotary schemes, sincos2d, learned2d)"
                 )

@@ -1,0 +1,234 @@
+"""LookHere (Fuller et al., NeurIPS 2024): a fixed additive mask per layer and head, no learned positions.
+
+Every head looks in one field of view and pays for distance:
+
+    bias_h(q, k) = -g * s_layer * s_head * f(|p_k - p_q|)   when k lies in head h's field, else -M
+
+with g the global slope, s_layer = linspace(a, b, depth)[layer], s_head the head's slope, f the Euclidean
+patch distance (``distance``: as it is, its square root or its square) and M the largest bfloat16 (the
+released code's stand-in for infinity, finite so that no row of softmax is all -inf). Prefix tokens (cls,
+registers) get zero bias, in their rows and their columns.
+
+Fields of view are named per group of heads and joined with ``-`` (``"corners-triangles-none"``, LH-90).
+A group lists four fields, one per head of a block of four heads (offsets dy, dx = key - query, y down):
+
+| group | its four fields (visible keys) |
+| --- | --- |
+| ``none`` | everywhere, x4 |
+| ``zero`` | everywhere, no distance penalty, x4 |
+| ``none1zero3`` / ``none2zero2`` / ``none3zero1`` | ``none`` then ``zero`` heads, 1 + 3, 2 + 2, 3 + 1 |
+| ``halves`` | up (dy <= 0), down (dy >= 0), left (dx <= 0), right (dx >= 0) |
+| ``corners`` | up-left, up-right, down-left, down-right (two halves at once) |
+| ``triangles`` | 90 degrees around an axis: up (abs(dx) <= -dy), down, left, right |
+| ``diagonals`` | two triangles: up or right, up or left, down or right, down or left |
+| ``eighths1`` / ``eighths2`` | a triangle's left or right half (up, down) or upper or lower half (left, right) |
+| ``zerohalves`` / ``zerocorners`` / ``zerotriangles`` | the fields of halves, corners, triangles, no distance |
+
+Boundaries are inclusive, so every head sees its own token. Heads are dealt to the groups in blocks of four
+(one head per field), the blocks as evenly as possible with earlier groups first and a last, partial block
+taking the first fields of the last group served: 12 heads over two groups are 8 + 4, 16 over three 8 + 4 + 4,
+6 over any two or three groups 4 + 2 (the released code's rules; a group left without heads is dropped).
+
+Head slopes, per run of heads of one group name: directional groups 2^-(1 + j // 4) for the run's j-th head
+(0.5 for the first four); groups without a field (``none``, ``zero``...) 1/4, 1/16, 1/64, 1/256, the first k
+of them for k <= 4 heads, each repeated for more.
+
+Masked keys: ``fill="inf"`` gives them -M; ``"zero"`` no penalty (only the distance heads' fields differ);
+``"max"`` the penalty of the grid's largest distance (the paper's appendix ablations).
+
+On a larger grid the mask is rebuilt with the same slopes over the longer distances (the released
+``set_pos_embed``); nothing is resized. The released code holds the mask in bfloat16; here it is fp32.
+"""
+
+from __future__ import annotations
+
+from itertools import groupby
+
+import torch
+from torch import nn
+
+from .._validate import check_choice, check_float, check_grid, check_int
+from ..registry import register
+from .relbias import bias_from_offsets, offsets_2d
+
+# bfloat16's largest value: the released code's "infinite" penalty (finite in fp32, bf16 and as a float mask).
+MASKED = torch.finfo(torch.bfloat16).max
+
+# One field of view = the directions whose half-planes or triangles must all contain the key; "zero" drops
+# the distance penalty; "diag_a_b" is the union of triangles a and b.
+_BLOCKS: dict[str, tuple[tuple[str, ...], ...]] = {
+    "none": ((),) * 4,
+    "zero": (("zero",),) * 4,
+    "none1zero3": ((),) + (("zero",),) * 3,
+    "none2zero2": ((),) * 2 + (("zero",),) * 2,
+    "none3zero1": ((),) * 3 + (("zero",),),
+    "halves": (("up",), ("down",), ("left",), ("right",)),
+    "corners": (("up", "left"), ("up", "right"), ("down", "left"), ("down", "right")),
+    "triangles": (("tri_up",), ("tri_down",), ("tri_left",), ("tri_right",)),
+    "diagonals": (("diag_up_right",), ("diag_up_left",), ("diag_down_right",), ("diag_down_left",)),
+    "eighths1": (("tri_up", "left"), ("tri_down", "left"), ("tri_left", "up"), ("tri_right", "up")),
+    "eighths2": (("tri_up", "right"), ("tri_down", "right"), ("tri_left", "down"), ("tri_right", "down")),
+    "zerohalves": (("zero", "up"), ("zero", "down"), ("zero", "left"), ("zero", "right")),
+    "zerocorners": (("zero", "up", "left"), ("zero", "up", "right"), ("zero", "down", "left"),
+                    ("zero", "down", "right")),
+    "zerotriangles": (("zero", "tri_up"), ("zero", "tri_down"), ("zero", "tri_left"), ("zero", "tri_right")),
+}  # fmt: skip
+GROUPS: tuple[str, ...] = tuple(_BLOCKS)
+DISTANCES = ("linear", "sqrt", "square")
+FILLS = ("inf", "zero", "max")
+_UNDIRECTED_SLOPES = (0.25, 0.0625, 0.015625, 0.00390625)
+
+
+def head_layout(fields: str, num_heads: int) -> tuple[list[tuple[str, ...]], list[float]]:
+    """Each head's field of view (a tuple of direction names) and slope, for ``fields`` such as
+    ``"corners-triangles-none"`` (module docstring: blocks of four heads dealt to the groups)."""
+    if not isinstance(fields, str):
+        raise TypeError(f"fields must be a str of groups joined with '-', got {type(fields).__name__} {fields!r}")
+    groups = fields.split("-")
+    if "center" in groups:
+        raise ValueError("fields: 'center' (each key's distance to the grid's centre) is absolute, not a field of "
+                         f"view; accepted groups, joined with '-': {', '.join(GROUPS)}")  # fmt: skip
+    unknown = [g for g in groups if g not in _BLOCKS]
+    if unknown:
+        raise ValueError(f"fields: unknown group(s) {', '.join(map(repr, unknown))}; accepted, joined with '-': "
+                         f"{', '.join(GROUPS)}")  # fmt: skip
+    blocks = -(-num_heads // 4)
+    share = [blocks // len(groups) + (i < blocks % len(groups)) for i in range(len(groups))]
+    names: list[str] = []
+    views: list[tuple[str, ...]] = []
+    for group, count in zip(groups, share, strict=True):
+        for j in range(min(4 * count, num_heads - len(names))):
+            names.append(group)
+            views.append(_BLOCKS[group][j % 4])
+    slopes: list[float] = []
+    for group, run in groupby(names):
+        k = len(list(run))
+        if any(word in group for word in ("none", "zero")):
+            slopes += [_UNDIRECTED_SLOPES[j if k <= 4 else j * 4 // k] for j in range(k)]
+        else:
+            slopes += [2.0 ** -(1 + j // 4) for j in range(k)]
+    return views, slopes
+
+
+def _visible(direction: str, dy: torch.Tensor, dx: torch.Tensor) -> torch.Tensor:
+    """Whether keys at offsets (dy, dx) = key - query lie in one direction's half-plane or triangle."""
+    if direction.startswith("diag_"):
+        _, a, b = direction.split("_")
+        return _visible(f"tri_{a}", dy, dx) | _visible(f"tri_{b}", dy, dx)
+    return {
+        "up": lambda: dy <= 0,
+        "down": lambda: dy >= 0,
+        "left": lambda: dx <= 0,
+        "right": lambda: dx >= 0,
+        "tri_up": lambda: dx.abs() <= -dy,
+        "tri_down": lambda: dx.abs() <= dy,
+        "tri_left": lambda: dy.abs() <= -dx,
+        "tri_right": lambda: dy.abs() <= dx,
+    }[direction]()
+
+
+def lookhere_bias(
+    offsets: torch.Tensor,
+    views: list[tuple[str, ...]],
+    slopes: list[float],
+    *,
+    distance: str = "linear",
+    fill: str = "inf",
+    largest: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The LookHere bias at offsets (dy, dx) = query - key [..., 2] in patch units -> [heads, ...] fp32.
+
+    ``views``: each head's field of view (``head_layout``); ``slopes``: one per head, the product of the global,
+    layer and head slopes. ``fill="max"`` needs ``largest``, the grid's largest distance (after ``distance``)."""
+    d = -offsets.float()  # key - query
+    dy, dx = d[..., 0], d[..., 1]
+    dist = d.norm(dim=-1)
+    dist = {"linear": dist, "sqrt": dist.sqrt(), "square": dist.square()}[distance]
+    rows = []
+    for view, slope in zip(views, slopes, strict=True):
+        penalty = torch.zeros_like(dist) if "zero" in view else dist
+        seen = torch.ones_like(dist, dtype=torch.bool)
+        for direction in view:
+            if direction != "zero":
+                seen = seen & _visible(direction, dy, dx)
+        if fill == "inf":
+            rows.append(torch.where(seen, -slope * penalty, -MASKED))
+            continue
+        hidden = torch.zeros_like(dist) if fill == "zero" or "zero" in view else largest.expand_as(dist)
+        rows.append(-slope * torch.where(seen, penalty, hidden))
+    return torch.stack(rows)
+
+
+@register(
+    "lookhere2d",
+    ndim=2,
+    kind="bias",
+    trainable=False,
+    relative=True,
+    context=("num_heads", "layer", "depth"),
+    per_layer=True,
+    summary="LookHere: per-head fields of view (keys outside masked), slope x layer x Euclidean distance penalty; "
+    "LH-90 defaults, equal to the released code (tested)",
+    extrapolation="mask rebuilt for the new grid: the same slopes over the longer distances (the released rule)",
+    reference="Fuller et al. 2024 (LookHere)",
+)
+class LookHere2d(nn.Module):
+    """LookHere's mask for one layer (module docstring). Defaults: LH-90 as released (global slope 2, layer
+    slopes from 1.5 to 0.5, ``"corners-triangles-none"``). ``head_slopes`` replaces the per-head slopes."""
+
+    def __init__(self, *, num_heads: int, layer: int = 0, depth: int = 1, fields: str = "corners-triangles-none",
+                 global_slope: float = 2.0, layer_slopes: tuple[float, float] = (1.5, 0.5),
+                 head_slopes: tuple[float, ...] | None = None, distance: str = "linear",
+                 fill: str = "inf") -> None:  # fmt: skip
+        super().__init__()
+        self.num_heads = check_int("num_heads", num_heads, minimum=1)
+        self.depth = check_int("depth", depth, minimum=1)
+        self.layer = check_int("layer", layer, minimum=0)
+        if self.layer >= self.depth:
+            raise ValueError(f"layer must be < depth ({self.depth}), got {self.layer}")
+        self.global_slope = check_float("global_slope", global_slope, minimum=0.0)
+        if not isinstance(layer_slopes, (list, tuple)) or len(layer_slopes) != 2:
+            raise TypeError(f"layer_slopes must be a pair (first layer, last layer), got {layer_slopes!r}")
+        first, last = (check_float(f"layer_slopes[{i}]", s, minimum=0.0) for i, s in enumerate(layer_slopes))
+        self.distance = check_choice("distance", distance, DISTANCES)
+        self.fill = check_choice("fill", fill, FILLS)
+        self.views, slopes = head_layout(fields, self.num_heads)
+        if head_slopes is not None:
+            if not isinstance(head_slopes, (list, tuple)) or len(head_slopes) != self.num_heads:
+                raise ValueError(f"head_slopes must list one slope per head ({self.num_heads}), got {head_slopes!r}")
+            slopes = [check_float(f"head_slopes[{i}]", s, minimum=0.0) for i, s in enumerate(head_slopes)]
+        self.layer_slope = torch.linspace(first, last, self.depth, dtype=torch.float64)[self.layer].item()
+        # global x layer x head slope, per head: plain floats (constants to torch.compile), all set by options
+        self.slopes = [self.global_slope * self.layer_slope * s for s in slopes]
+
+    def _largest(self, grid: tuple[int, int], device: torch.device | None) -> torch.Tensor:
+        """The grid's largest distance after ``distance`` (``fill="max"``), as a 0-dim fp32 tensor."""
+        h, w = grid
+        corner = torch.tensor([float(h - 1), float(w - 1)], device=device).norm()
+        return {"linear": corner, "sqrt": corner.sqrt(), "square": corner.square()}[self.distance]
+
+    def offset_bias(self, grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
+        """-> [heads, 2H-1, 2W-1] fp32, one value per offset (dy, dx) = query - key."""
+        grid = check_grid(grid)
+        return lookhere_bias(
+            offsets_2d(grid, device), self.views, self.slopes, distance=self.distance, fill=self.fill,
+            largest=self._largest(grid, device) if self.fill == "max" else None,
+        )  # fmt: skip
+
+    @property
+    def cells_only(self) -> str | None:
+        """Why fractional points are refused (read by the host), or None."""
+        if self.fill == "max":
+            return "fill='max' penalises hidden keys by their image's largest distance; use fill='inf' or 'zero'"
+        return None
+
+    def pair_bias(self, offsets: torch.Tensor) -> torch.Tensor:
+        """The bias at offsets (dy, dx) = query - key [..., 2] in patch units, possibly fractional -> [heads, ...]."""
+        return lookhere_bias(offsets, self.views, self.slopes, distance=self.distance, fill=self.fill)
+
+    def forward(self, grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
+        """-> [heads, HW, HW] fp32."""
+        return bias_from_offsets(self.offset_bias(grid, device), check_grid(grid))
+
+    def extra_repr(self) -> str:
+        return f"num_heads={self.num_heads}, layer={self.layer}/{self.depth}, slope={self.layer_slope:.4g}"
