@@ -82,7 +82,7 @@ def test_flex_setting_is_saved_and_refused_where_it_does_not_apply() -> None:
     fresh = model("cpb2d")
     fresh.load_state_dict(m.state_dict())
     assert fresh.vispos.attention_backend == "flex"
-    with pytest.raises(ValueError, match=r"attention='flex' applies to the 2D biases \(alibi2d, cpb2d, relbias2d\)"):
+    with pytest.raises(ValueError, match=rf"attention='flex' applies to the 2D biases \({', '.join(BIASES)}\)"):
         vispos.configure(model("rope2d"), attention="flex")
     with pytest.raises(ValueError, match=r"unknown attention 'fused'; accepted: sdpa, flex"):
         vispos.configure(m, attention="fused")

@@ -10,7 +10,6 @@ from torch.export import Dim
 import vispos
 
 SCHEMES = [*vispos.list_encodings(ndim=2), ["learned2d", "rope2d"]]
-STATIC_ONLY = ("decomposed2d",)  # its grid-shaped einsum guards on the sizes: exported at a fixed size only
 IDS = ["+".join(s) if isinstance(s, list) else s for s in SCHEMES]
 SIZES = [(1, 3, 128, 48), (3, 3, 64, 96), (2, 3, 32, 160)]  # none of them the traced size
 
@@ -32,8 +31,6 @@ def dynamic() -> dict[str, dict[int, object]]:
 
 @pytest.mark.parametrize("scheme", SCHEMES, ids=IDS)
 def test_torch_export_with_dynamic_sizes_matches_eager_at_other_sizes(scheme: str | list[str]) -> None:
-    if scheme in STATIC_ONLY:
-        pytest.skip(f"{scheme}: torch.export with dynamic sizes is not supported yet")
     m = model(scheme)
     program = torch.export.export(m, (torch.randn(2, 3, 64, 96),), dynamic_shapes=dynamic()).module()
     with torch.no_grad():
@@ -42,7 +39,7 @@ def test_torch_export_with_dynamic_sizes_matches_eager_at_other_sizes(scheme: st
             torch.testing.assert_close(program(x), m(x), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("scheme", ["rope2d", "relbias2d", "learned2d"])
+@pytest.mark.parametrize("scheme", ["rope2d", "relbias2d", "learned2d", "decomposed2d"])
 def test_onnx_export_runs_in_onnxruntime_at_other_sizes(scheme: str, tmp_path) -> None:  # noqa: ANN001
     pytest.importorskip("onnxscript")
     ort = pytest.importorskip("onnxruntime")

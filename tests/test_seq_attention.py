@@ -1,4 +1,4 @@
-"""vispos.nn.Attention with every 1D scheme: fused = eager, causality, relative invariance, naive references."""
+"""vispos.layers.Attention with every 1D scheme: fused = eager, causality, relative invariance, naive references."""
 
 from __future__ import annotations
 

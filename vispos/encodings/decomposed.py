@@ -59,8 +59,11 @@ def decomposed_bias(q: torch.Tensor, rows_h: torch.Tensor, rows_w: torch.Tensor)
     b, heads, n, d = q.shape
     h, w = rows_h.shape[0], rows_w.shape[0]
     grid_q = q.reshape(b, heads, h, w, d)
-    along_h = torch.einsum("bnyxd,ykd->bnyxk", grid_q, rows_h.to(q.dtype))  # [B, heads, H, W, H]: key row k
-    along_w = torch.einsum("bnyxd,xkd->bnyxk", grid_q, rows_w.to(q.dtype))  # [B, heads, H, W, W]: key column k
+    # contiguous: einsum returns a permuted view (its batch axis, y or x, outermost in memory), and the broadcast
+    # add below orders such strides by comparing them: with symbolic sizes, a guard on the batch size that an
+    # exported program then fails at batch 1. The same values, laid out plainly.
+    along_h = torch.einsum("bnyxd,ykd->bnyxk", grid_q, rows_h.to(q.dtype)).contiguous()  # [B, heads, H, W, H]: key row
+    along_w = torch.einsum("bnyxd,xkd->bnyxk", grid_q, rows_w.to(q.dtype)).contiguous()  # [B, heads, H, W, W]: key col
     return (along_h[..., :, None] + along_w[..., None, :]).reshape(b, heads, n, n)
 
 

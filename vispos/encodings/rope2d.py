@@ -21,8 +21,10 @@ from .coords2d import AXES, COORDS, NORMALIZE, CoordAugment, frame_coords, grid_
 from .rope import LAYOUTS, Rotary, expand_angles, rope_angles, saved_scaling
 from .rope_scaling import RopeScaling, as_scaling, check_scaling_dim, rope_inv_freq, scaled_inv_freq
 
-# RoPE-Mixed evaluates all layers in one product up to this many elements per cos / sin tensor (64 MiB in fp32)
-STACK_LIMIT = 2**24
+# RoPE-Mixed evaluates all layers in one product up to this many elements per cos / sin tensor (8 MiB in fp32:
+# ViT-S and ViT-B at 224 px stack; larger grids take one layer's rotation at a time, so that a forward holds one
+# layer's tables, not depth x them with the angles and prefixed copies beside)
+STACK_LIMIT = 2**21
 
 
 def period_inv_freq(dim: int, min_period: float, max_period: float) -> torch.Tensor:

@@ -5,7 +5,8 @@ model is patched; transformers is not a dependency of vispos itself).
   SigLIP, SigLIP 2's NaFlex rows), where each keeps its prefix tokens, table and layers, and those refused by name.
 - ``modules.py``: the patched classes of the host model, its embeddings, its attentions (and DINOv3's
   ``rope_embeddings``), made once per transformers class and found again by pickle.
-- ``patching.py``: ``patch`` and ``from_pretrained``.
+- ``patching.py``: ``patch``.
+- ``loading.py``: ``from_pretrained``, which builds a saved model with the constructor options it was saved with.
 
 Supported transformers: 5.18 and newer (``make test`` runs the newest release, ``make test-hf-min`` the
 adapter's tests at the floor, ``pyproject.toml``'s ``hf`` extra; older releases are refused by name).
@@ -26,7 +27,8 @@ What the adapter touches in transformers:
   ``scale``, ``attention_dropout`` or ``dropout``, ``config``; the attention functions
   ``transformers.modeling_utils.ALL_ATTENTION_FUNCTIONS`` and each modeling module's
   ``eager_attention_forward``.
-- ``transformers.AutoConfig`` and the model classes named by ``config.architectures`` (``from_pretrained``).
+- ``transformers.AutoConfig`` and the model classes named by ``config.architectures`` (``from_pretrained``): their
+  constructors' parameters, and the state-dict entries of the optional parts of ``families.CONSTRUCTOR_OPTIONS``.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ from __future__ import annotations
 import transformers
 
 from .families import FAMILIES, REFUSED
-from .patching import from_pretrained, patch
+from .loading import from_pretrained
+from .patching import patch
 
 TRANSFORMERS_MIN = (5, 18)  # as pyproject.toml's hf extra declares
 

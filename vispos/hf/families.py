@@ -67,6 +67,14 @@ ATTENTIONS: frozenset[str] = frozenset({
     "CLIPAttention", "SiglipAttention", "Siglip2Attention",
 })  # fmt: skip
 
+# the model classes' constructor options that their config does not hold (every other optional part of these
+# families is a config field: DINOv2's use_mask_token, SigLIP's vision_use_head), each with the state-dict entry
+# of the part it adds: a checkpoint's keys say how its model was built
+CONSTRUCTOR_OPTIONS: dict[str, dict[str, str]] = {
+    "ViTModel": {"add_pooling_layer": "pooler", "use_mask_token": "embeddings.mask_token"},
+    "DeiTModel": {"add_pooling_layer": "pooler", "use_mask_token": "embeddings.mask_token"},
+}
+
 # families refused by name: positions of their own inside attention, or batches vispos does not read yet
 REFUSED: dict[str, str] = {
     "BeitEmbeddings": "BEiT / Data2Vec-Vision: a relative position bias of its own inside every attention layer",

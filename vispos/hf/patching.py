@@ -1,4 +1,4 @@
-"""``vispos.patch(model, "rope2d")`` on a transformers vision model, and ``from_pretrained`` for a saved one.
+"""``vispos.patch(model, "rope2d")`` on a transformers vision model (``loading.py`` rebuilds a saved one).
 
 What changes on the one model it is given (never on transformers' classes): the vision module (the model,
 the backbone of a head, or the vision tower of CLIP / SigLIP) gets ``vispos`` (a ``Positions``); its
@@ -9,8 +9,6 @@ learned table leaves the embeddings (``position_embeddings`` / ``position_embedd
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -189,40 +187,3 @@ def _adopt_plain_checkpoint(vision: nn.Module, state_dict: dict[str, Any], prefi
         )
     for name, value in positions.additive.state_dict().items():
         state_dict[f"{prefix}vispos.additive.{name}"] = value
-
-
-# --- from_pretrained ------------------------------------------------------------------------------
-
-
-def from_pretrained(path: str | Path, **kwargs: Any) -> nn.Module:
-    """A patched model saved with ``save_pretrained``, rebuilt: the transformers class of its config, patched
-    as recorded in ``config.vispos``, its weights loaded strictly (equal outputs). ``kwargs`` go to the
-    config (e.g. ``attn_implementation="sdpa"``). A folder of an unpatched model is refused: load it with
-    transformers and patch it."""
-    import transformers
-    from safetensors.torch import load_file
-
-    path = Path(path)
-    config_file = path / "config.json"
-    if not config_file.is_file():
-        raise FileNotFoundError(f"{path} has no config.json: not a save_pretrained folder")
-    record = json.loads(config_file.read_text()).get(CONFIG_KEY)
-    if record is None:
-        raise ValueError(
-            f"{path} holds an unpatched transformers model (its config has no 'vispos' entry): load it with "
-            "transformers' from_pretrained and patch it with vispos.patch"
-        )
-    attn = kwargs.pop("attn_implementation", None)
-    config = transformers.AutoConfig.from_pretrained(path, **kwargs)
-    cls = getattr(transformers, config.architectures[0])
-    model = cls._from_config(config, attn_implementation=attn) if attn else cls._from_config(config)
-    options = dict(record["options"])
-    patch(model, record["pos"], inherit=False, **options)
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"{path} has no .safetensors weights")
-    state: dict[str, torch.Tensor] = {}
-    for file in files:
-        state |= load_file(file)
-    model.load_state_dict(state, strict=True)
-    return model.eval()

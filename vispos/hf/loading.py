@@ -1,0 +1,131 @@
+"""``from_pretrained``: a patched transformers model saved with ``save_pretrained``, rebuilt as it was built.
+
+The class named by its config is built with the constructor options it was saved with (read from the
+checkpoint's keys unless passed: ``families.CONSTRUCTOR_OPTIONS``), patched as ``config.vispos`` records, and
+loaded: strictly when the checkpoint holds exactly the model's weights, else as transformers' ``from_pretrained``
+loads it (what it lacks newly initialised, what the model has no place for dropped, both said), except the
+positional weights, which must all be there.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import warnings
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .._validate import check_bool
+from .families import CONSTRUCTOR_OPTIONS
+from .patching import CONFIG_KEY, patch
+
+
+def from_pretrained(path: str | Path, **kwargs: Any) -> nn.Module:
+    """A patched model saved with ``save_pretrained``, rebuilt: the transformers class of its config, built as it
+    was saved, patched as recorded in ``config.vispos``, its weights loaded (equal outputs).
+
+    ``kwargs`` are attributes of the config (e.g. ``attn_implementation="sdpa"``) or options of the class's
+    constructor, as in transformers' ``from_pretrained``. A constructor option not passed is read from the
+    checkpoint's keys: a ``ViTModel`` / ``DeiTModel`` saved without its pooler (``add_pooling_layer=False``)
+    comes back without it, one saved with a mask token (``use_mask_token=True``) with it; the other families'
+    optional parts (DINOv2's mask token, SigLIP's and SigLIP 2's pooling head) are config fields and come back
+    with the config. When the checkpoint holds exactly the model's weights they load strictly; otherwise (e.g.
+    ``add_pooling_layer=True`` passed for a checkpoint without a pooler) as transformers loads them: the weights
+    it lacks are newly initialised and those the model has no place for dropped, both named in a warning. The
+    positional weights (``vispos.``) must all be there. A folder of an unpatched model is refused: load it with
+    transformers and patch it."""
+    import transformers
+
+    path = Path(path)
+    record = _record(path)
+    state = _weights(path)
+    attn = kwargs.pop("attn_implementation", None)
+    config, unused = transformers.AutoConfig.from_pretrained(path, return_unused_kwargs=True, **kwargs)
+    cls = getattr(transformers, config.architectures[0])
+    options = constructor_options(cls, unused, state.keys())
+    if attn:
+        options["attn_implementation"] = attn
+    model = cls._from_config(config, **options)
+    patch(model, record["pos"], inherit=False, **record["options"])
+    model.load_state_dict(_matched(model, state, path, record["pos"]), strict=True)
+    return model.eval()
+
+
+def constructor_options(cls: type, given: dict[str, Any], keys: Iterable[str]) -> dict[str, Any]:
+    """The keyword options ``cls`` is built with: those ``given`` (each one its constructor takes), then its
+    optional parts (``CONSTRUCTOR_OPTIONS``) not given, each on where the checkpoint's ``keys`` hold it."""
+    params = inspect.signature(cls.__init__).parameters
+    variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    named = [n for n, p in params.items() if n not in ("self", "config") and p.kind not in variadic]
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        for name in given:
+            if name not in named:
+                raise ValueError(
+                    f"{cls.__name__} takes no option {name!r}: pass an attribute of its config (e.g. "
+                    f"attn_implementation, hidden_dropout_prob) or one of its constructor options "
+                    f"({', '.join(named) or 'it has none'})"
+                )
+    parts = CONSTRUCTOR_OPTIONS.get(cls.__name__, {})
+    for name in given.keys() & parts.keys():
+        check_bool(name, given[name])
+    keys = list(keys)
+    read = {name: any(k == part or k.startswith(f"{part}.") for k in keys) for name, part in parts.items()}
+    return {name: value for name, value in read.items() if name not in given} | given
+
+
+def _record(path: Path) -> dict[str, Any]:
+    """The ``vispos`` entry of the folder's ``config.json``: what the model was patched with."""
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(f"{path} has no config.json: not a save_pretrained folder")
+    record = json.loads(config_file.read_text()).get(CONFIG_KEY)
+    if record is None:
+        raise ValueError(
+            f"{path} holds an unpatched transformers model (its config has no 'vispos' entry): load it with "
+            "transformers' from_pretrained and patch it with vispos.patch"
+        )
+    return record
+
+
+def _weights(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{path} has no .safetensors weights")
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        state |= load_file(file)
+    return state
+
+
+def _matched(model: nn.Module, state: dict[str, torch.Tensor], path: Path, pos: list[str]) -> dict[str, torch.Tensor]:
+    """``state`` made to fit ``model`` for a strict load, as transformers fits a checkpoint: the weights it lacks
+    keep the model's fresh ones, those the model has no place for are dropped, both named in a warning. A
+    positional weight lacking or left over is refused: the folder does not hold the positions it records."""
+    own = model.state_dict()
+    missing, unexpected = sorted(own.keys() - state.keys()), sorted(state.keys() - own.keys())
+    lacking = [k for k in missing if ".vispos." in f".{k}"]
+    extra = [k for k in unexpected if ".vispos." in f".{k}"]
+    if lacking or extra:
+        said = [f"lacks the positional weights {', '.join(lacking)}"] if lacking else []
+        said += [f"holds positional weights it has no place for: {', '.join(extra)}"] if extra else []
+        raise ValueError(
+            f"{path} does not hold the positions its config records ({' + '.join(pos)}): it {'; it '.join(said)}. "
+            "Save the patched model again with save_pretrained"
+        )
+    if missing or unexpected:
+        said = [f"newly initialised: {', '.join(missing)}"] if missing else []
+        said += [f"dropped: {', '.join(unexpected)}"] if unexpected else []
+        warnings.warn(
+            f"{path} does not hold the weights of {model.config.architectures[0]} as built, and loads as "
+            f"transformers' from_pretrained loads it: {'; '.join(said)} (pass the constructor options it was "
+            "saved with, or leave them out to have them read from its keys)",
+            UserWarning,
+            stacklevel=3,
+        )
+    return {k: v for k, v in state.items() if k in own} | {k: own[k] for k in missing}
