@@ -1,10 +1,15 @@
-"""Peak memory of the positional part of a patched ViT, per scheme and image size.
+"""Peak memory of a patched ViT, per scheme and image size: its positional part, and a whole forward.
 
-    python -m benchmarks.position_memory [--sizes 224 448 896] [--device cpu|cuda] [--json out.json]
+    python -m benchmarks.position_memory [--sizes 224 448 896 1344] [--device cpu|cuda] [--json out.json]
 
-For ``vit_small_patch16_224`` (6 heads, one class token), batch 1, fp32, inference: the extra memory
-held at its peak while the model's ``PositionContext`` is built and every layer's rotation or bias mask
-is taken in turn, as the attention layers do during a forward. The yardstick is one layer's bias mask,
+For ``vit_small_patch16_224`` (6 heads, one class token), batch 1, fp32, inference, two measurements:
+
+- the positional part: the extra memory held at its peak while the model's ``PositionContext`` is built and
+  every layer's rotation or bias mask is taken in turn, as the attention layers do during a forward;
+- the whole forward, as a user sees it: the peak of ``model(image)`` minus the same peak of the unpatched timm
+  model (``dynamic_img_size=True``, its learned table resampled to the grid), each in a fresh process.
+
+The yardstick is one layer's bias mask,
 [heads, N, N] in fp32 for N tokens: a bias scheme that builds its masks one layer at a time, without
 transient copies, stays near 1x. timm's own RoPE (Eva) and relative-position model are measured the
 same way (their sin/cos table; every block's bias in turn).
@@ -62,6 +67,26 @@ def positional_part(scheme: str, px: int, device: torch.device) -> tuple[int, in
 TIMM_OWN = ("timm vit_small_patch16_rope_224", "timm vit_relpos_small_patch16_224")
 
 
+def whole_forward(scheme: str, px: int, device: torch.device) -> tuple[int, int]:
+    """(peak extra bytes of one inference forward of the model patched with ``scheme``, or of the unpatched
+    model for ``scheme="unpatched"``, bytes of one layer's fp32 mask), measured in this process."""
+    torch.manual_seed(0)
+    if scheme == "unpatched":
+        model = timm.create_model(MODEL, img_size=224, dynamic_img_size=True)
+    else:
+        model = vispos.create_model(MODEL, pos=scheme, img_size=224)
+    model = model.eval().to(device)
+    image = torch.randn(1, 3, px, px, device=device)
+    heads, tokens = model.blocks[0].attn.num_heads, model.num_prefix_tokens + (px // 16) ** 2
+
+    def run() -> None:
+        with torch.inference_mode():
+            out = model(image)
+            del out
+
+    return _peak(run, device), heads * tokens * tokens * 4
+
+
 def timm_positional_part(label: str, px: int, device: torch.device) -> tuple[int, int]:
     """The same measurement for timm's own positional modules: the Eva RoPE's sin/cos (built per call
     with ``dynamic_img_size``), or every block's relative-position MLP bias taken in turn (``get_bias``;
@@ -101,9 +126,10 @@ def _peak(run: Callable[[], None], device: torch.device) -> int:
     return (_kib("VmHWM") - before) * 1024
 
 
-def measure(scheme: str, px: int, device: torch.device) -> tuple[int, int]:
-    """On CPU in a fresh process (the high-water mark must not see other measurements); on GPU here."""
-    probe = "timm_positional_part" if scheme in TIMM_OWN else "positional_part"
+def measure(scheme: str, px: int, device: torch.device, probe: str | None = None) -> tuple[int, int]:
+    """On CPU in a fresh process (the high-water mark must not see other measurements); on GPU here.
+    ``probe``: the function to run (default: the positional part, timm's own for ``TIMM_OWN``)."""
+    probe = probe or ("timm_positional_part" if scheme in TIMM_OWN else "positional_part")
     if device.type == "cuda":
         return globals()[probe](scheme, px, device)
     code = (
@@ -117,34 +143,54 @@ def measure(scheme: str, px: int, device: torch.device) -> tuple[int, int]:
 
 
 def table(results: dict[str, dict[int, dict[str, float]]], sizes: list[int]) -> str:
-    head = " | ".join(f"{px} px: MiB (x one mask)" for px in sizes)
-    lines = [f"| scheme | {head} |", "| --- |" + " ---: |" * len(sizes)]
+    """Per size: the positional part and the whole forward minus the unpatched model's, MiB (x one mask)."""
+    head = " | ".join(f"{px} px: positional part | {px} px: forward" for px in sizes)
+    lines = [f"| scheme | {head} |", "| --- |" + " ---: |" * (2 * len(sizes))]
+
+    def cell(entry: dict[str, float], key: str) -> str:
+        return "–" if key not in entry else f"{entry[key] / 2**20:.1f} ({entry[key] / entry['one_mask']:.2f})"
+
     for scheme, row in results.items():
-        cells = [f"{row[px]['peak_mib']:.1f} ({row[px]['ratio']:.2f})" for px in sizes]
+        cells = [f"{cell(row[str(px)], 'positional')} | {cell(row[str(px)], 'forward')}" for px in sizes]
         lines.append(f"| {scheme} | " + " | ".join(cells) + " |")
-    masks = ", ".join(f"{px} px: {results[next(iter(results))][px]['one_mask_mib']:.1f} MiB" for px in sizes)
-    return "\n".join(lines) + f"\n\nOne layer's fp32 mask [heads, N, N]: {masks}."
+    first = next(iter(results.values()))
+    masks = ", ".join(f"{px} px: {first[str(px)]['one_mask'] / 2**20:.1f} MiB" for px in sizes)
+    return "\n".join(lines) + f"\n\nMiB (x one layer's fp32 mask [heads, N, N]: {masks})."
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", type=int, nargs="+", default=[224, 448, 896])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[224, 448, 896, 1344])
     parser.add_argument("--schemes", nargs="+", default=[*vispos.list_encodings(ndim=2), *TIMM_OWN])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--json", default=None, help="also write the results here")
+    parser.add_argument("--json", default=None, help="also write the results here (after every scheme: a rerun "
+                        "with the same file skips the schemes it holds)")  # fmt: skip
     args = parser.parse_args(argv)
     device = torch.device(args.device)
-    results: dict[str, dict[int, dict[str, float]]] = {}
+    path = Path(args.json) if args.json else None
+    saved = json.loads(path.read_text()) if path is not None and path.exists() else {}
+    fresh = saved.get("sizes") != args.sizes or saved.get("device") != device.type
+    results: dict[str, dict[str, dict[str, float]]] = {} if fresh else saved["results"]
+    baseline = {px: measure("unpatched", px, device, "whole_forward")[0] for px in args.sizes}
     for scheme in args.schemes:
+        if scheme in results:
+            continue
         results[scheme] = {}
         for px in args.sizes:
             peak, one_mask = measure(scheme, px, device)
-            results[scheme][px] = {"peak_mib": peak / 2**20, "one_mask_mib": one_mask / 2**20, "ratio": peak / one_mask}
-            print(f"{scheme:14s} {px:4d} px: {peak / 2**20:8.1f} MiB = {peak / one_mask:5.2f} x one mask", flush=True)
-    print(f"\n{MODEL}, batch 1, fp32, inference, {device.type}: peak extra memory of the positional part")
+            entry = {"positional": peak, "one_mask": one_mask}
+            line = f"{scheme:14s} {px:4d} px: positional part {peak / 2**20:8.1f} MiB = {peak / one_mask:5.2f} masks"
+            if scheme not in TIMM_OWN:
+                entry["forward"] = measure(scheme, px, device, "whole_forward")[0] - baseline[px]
+                line += f", forward {entry['forward'] / 2**20:8.1f} MiB = {entry['forward'] / one_mask:5.2f} masks"
+            results[scheme][str(px)] = entry
+            print(line, flush=True)
+        if path is not None:
+            record = {"device": device.type, "model": MODEL, "sizes": args.sizes, "results": results}
+            path.write_text(json.dumps(record, indent=2))
+    print(f"\n{MODEL}, batch 1, fp32, inference, {device.type}: peak extra memory of the positional part, and of a "
+          "whole forward over the unpatched model's")
     print(table(results, args.sizes))
-    if args.json:
-        Path(args.json).write_text(json.dumps({"device": device.type, "model": MODEL, "results": results}, indent=2))
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import torch
 import vispos
 from vispos.timm.model import PREFIX_TOKENS
 
-ONE_GRID = ("decomposed2d",)  # a query bias built for one grid: ragged batches refused (test_decomposed2d.py)
+ONE_GRID = tuple(vispos.list_encodings(2, kind="query_bias"))  # built for one grid: ragged batches refused
 SCHEMES_2D = [*(s for s in vispos.list_encodings(2) if s not in ONE_GRID), ["learned2d", "relbias2d"]]
 SIZES = [(24, 40), (40, 16), (48, 48), (24, 40), (16, 56)]  # px; 8 px patches: grids 3x5, 5x2, 6x6, 3x5, 2x7
 SHUFFLED = (1, 3, 4)  # images whose tokens come in a random order

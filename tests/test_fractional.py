@@ -20,7 +20,7 @@ import vispos
 from vispos.encodings.rope2d import Rope2d
 from vispos.timm.model import PREFIX_TOKENS
 
-ONE_GRID = ("decomposed2d",)  # refuses ragged batches, and so points (tests/test_decomposed2d.py)
+ONE_GRID = tuple(vispos.list_encodings(2, kind="query_bias"))  # refuse ragged batches, and so points
 SCHEMES_2D = [*(s for s in vispos.list_encodings(2) if s not in ONE_GRID), ["learned2d", "relbias2d"]]
 CELLS_ONLY = ["relbias2d", "peg2d", "fire2d"]
 AT_POINTS = [s for s in vispos.list_encodings(2) if s not in ("nope", *CELLS_ONLY, *ONE_GRID)]
@@ -145,7 +145,8 @@ def test_fractional_points_in_a_batch_give_each_image_what_it_gives_alone(pos: s
     assert (floored - alone[0]).abs().max() > 1e-3
 
 
-RELATIVE = ["rope2d", "rope2d_mixed", "rope2d_golden", "string2d", "alibi2d", "cpb2d", ("comrope2d", "pixel")]
+RELATIVE = ["rope2d", "rope2d_mixed", "rope2d_golden", "string2d", "alibi2d", "cpb2d", ("comrope2d", "pixel"),
+            "irpe2d_bias", "lookhere2d"]
 ABSOLUTE = ["sincos2d", "learned2d", ("learned2d", "grid_sample"), ("liere2d", "pixel")]
 
 

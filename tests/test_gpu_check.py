@@ -37,7 +37,7 @@ def test_gpu_check_dry_run_writes_every_configuration(tmp_path: Path) -> None:
         assert row["no dropout"]["ratio"] == 1.0 and row["patch dropout 50%"]["ratio"] > 0
     # (b) ragged batch: every scheme that takes one (not decomposed2d), the biases once more for FlexAttention
     ragged = report["ragged"]
-    assert ONE_GRID == {"decomposed2d"}
+    assert ONE_GRID == {"decomposed2d", "irpe2d"}
     assert set(ragged["results"]) == (SCHEMES - ONE_GRID) | FLEX and len(ragged["image_sizes"]) == ragged["batch"] == 2
     for row in ragged["results"].values():
         assert set(row) == RAGGED and row["padded to the largest"]["ratio"] == 1.0

@@ -134,3 +134,18 @@ def test_a_compiled_model_computes_the_rotation_in_its_graph_without_recompiling
             torch.testing.assert_close(compiled(images()), net(images()), rtol=1e-5, atol=1e-5)
     torch.compiler.reset()
 
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_kept_rotations_stay_within_the_byte_budget_and_a_larger_one_is_not_kept(case) -> None:  # noqa: ANN001
+    net, small_budget, reference = make(case), make(case), make(case)
+    for m in modules(small_budget):
+        m.cache.max_bytes = 1  # every rotation is larger: computed while its layer runs, never kept
+    for cache in (m.cache for m in modules(reference)):
+        cache.size = 0
+    with torch.no_grad():
+        for size in (32, 48, 64):
+            net(images(size))
+            torch.testing.assert_close(small_budget(images(size)), reference(images(size)), rtol=0, atol=0)
+    assert all(0 < m.cache.nbytes <= m.cache.max_bytes for m in modules(net))
+    assert all(len(m.cache) == 0 and m.cache.nbytes == 0 for m in modules(small_budget))

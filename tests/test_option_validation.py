@@ -32,6 +32,7 @@ BAD: dict[str, list[object]] = {
     "scale_base": POSITIVE,
     "max_bias": POSITIVE,
     "global_slope": NON_NEGATIVE,
+    "ratio": POSITIVE,
     "init_c": POSITIVE,
     "threshold": POSITIVE,
     "eps": POSITIVE,
@@ -73,6 +74,8 @@ BAD: dict[str, list[object]] = {
     "offset_scale": CHOICE,
     "output": CHOICE,
     "distance": CHOICE,
+    "method": CHOICE,
+    "on": [*CHOICE, "q", "v", "qk", "qkv"],  # irpe2d: the keys only
     "fill": CHOICE,
     # flags
     "factorized": FLAG,
@@ -84,6 +87,7 @@ BAD: dict[str, list[object]] = {
     "values": FLAG,
     "out_bias": FLAG,
     "learn_threshold": FLAG,
+    "shared_head": FLAG,
     # structured
     "ref_grid": GRID,
     "sections": [(1, 2), (-1, 5, 4), (1.0, 3, 4), (True, 3, 4), "abc", 8],

@@ -1,5 +1,5 @@
 """A loop of one's own over the blocks (``Positions.embed``): tokens get every position they carry, the
-additive table included, exactly as the patched model's own forward gives them; README's loop runs with
+additive table included, exactly as the patched model's own forward gives them; docs/patching.md's loop runs with
 additive schemes and its output changes when the positions are switched off."""
 
 from __future__ import annotations
@@ -18,17 +18,17 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def own_loop_block() -> str:
-    """README's "model of your own" example (the Python block that loops over ``model.blocks`` itself)."""
-    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
+    """docs/patching.md's "loop of your own" example (the Python block that loops over ``model.blocks`` itself)."""
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "docs/patching.md").read_text(), flags=re.S)
     (code,) = [b for b in blocks if "for blk in model.blocks" in b]
     return code
 
 
 def run_readme_loop(pos: str, *, positions_on: bool, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    """README's loop with ``pos`` in place of its schemes, positions on or off (``Positions.enabled``),
+    """docs/patching.md's loop with ``pos`` in place of its schemes, positions on or off (``Positions.enabled``),
     from seed 0: the same weights, images and masks either way."""
     code, n = re.subn(r'pos=(\[[^\]]*\]|"[^"]*")', f"pos={pos!r}", own_loop_block(), count=1)
-    assert n == 1, "README's loop names its schemes as pos=..."
+    assert n == 1, "docs/patching.md's loop names its schemes as pos=..."
     real = vispos.create_model
 
     def create_model(*args: Any, **kwargs: Any) -> torch.nn.Module:
@@ -42,7 +42,7 @@ def run_readme_loop(pos: str, *, positions_on: bool, monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(vispos, "create_model", create_model)
     torch.manual_seed(0)
     scope: dict[str, Any] = {}
-    exec(compile(code, "README.md own-loop block", "exec"), scope)
+    exec(compile(code, "docs/patching.md own-loop block", "exec"), scope)
     return scope
 
 

@@ -1,11 +1,12 @@
 """What a forward keeps for positions at a large grid, counted exactly (no timings, no resident-set readings).
 
-ViT-S/16 at 480 px (a 30 x 30 grid, 12 layers, 6 heads), inference. The positional context a forward builds
-once and keeps until its end may hold one rotation that every layer shares, or one mask that every layer
-shares, and the int32 index the bias masks are gathered through (1/heads of one mask); it must not hold every
-layer's tables at once. A layer then adds its own rotation or its own mask while it runs: at the peak, one
-layer's rotation, or one mask and the index. ``benchmarks/position_memory.py`` measures the same
-budget as resident memory (docs/performance.md).
+ViT-S/16 at 640 px and 480 px (40 x 40 and 30 x 30 grids, 12 layers, 6 heads), inference. The positional
+context a forward builds once and keeps until its end may hold one rotation that every layer shares, or one
+mask that every layer shares, and the int32 index the bias masks are gathered through (1/heads of one mask);
+it must not hold every layer's tables at once. A layer then adds its own rotation or its own mask while it
+runs: at the peak, one layer's rotation, or one mask and the index. Inference caches (learned-basis
+rotations) keep nothing for a grid whose rotation passes their byte budget. ``benchmarks/position_memory.py``
+measures the same budget as resident memory (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ import pytest
 import torch
 
 import vispos
+from vispos.encodings._cache import InferenceCache
 
-PX = 480
+PX = 480  # bias schemes; rotary ones at ROTARY_PX, where every cached rotation passes the caches' byte budget
+ROTARY_PX = 640
 ROTARY = vispos.list_encodings(ndim=2, kind="rotary")
 BIAS = vispos.list_encodings(ndim=2, kind="bias")
 
@@ -40,16 +43,16 @@ def tensor_bytes(obj: object, *, storage: bool = True) -> int:
     return sum(seen.values())
 
 
-def context(scheme: str) -> tuple[object, torch.nn.Module]:
+def context(scheme: str, px: int = PX) -> tuple[object, torch.nn.Module]:
     torch.manual_seed(0)
     model = vispos.create_model("vit_small_patch16_224", pos=scheme, num_classes=0).eval()
     with torch.inference_mode():
-        return model.vispos_context(torch.zeros(1, 3, PX, PX)), model
+        return model.vispos_context(torch.zeros(1, 3, px, px)), model
 
 
 @pytest.mark.parametrize("scheme", ROTARY)
 def test_a_rotary_scheme_keeps_at_most_one_layers_rotation_for_the_whole_forward(scheme: str) -> None:
-    ctx, model = context(scheme)
+    ctx, model = context(scheme, ROTARY_PX)
     with torch.inference_mode():
         rotation, mask = ctx.layer(0)
     one_layer = tensor_bytes(rotation, storage=False)
@@ -57,6 +60,12 @@ def test_a_rotary_scheme_keeps_at_most_one_layers_rotation_for_the_whole_forward
     kept = sum(tensor_bytes(getattr(ctx, f.name)) for f in dataclasses.fields(ctx) if f.name != "positions")
     assert kept <= one_layer, f"{scheme}: the context keeps {kept / 2**20:.1f} MiB, one layer's rotation is " \
                               f"{one_layer / 2**20:.1f} MiB ({len(model.blocks)} layers)"
+    with torch.inference_mode():  # every layer takes its rotation, as a forward does
+        for index in range(len(model.blocks)):
+            ctx.layer(index)
+    caches = [m.cache for m in model.vispos.modules() if isinstance(getattr(m, "cache", None), InferenceCache)]
+    cached = sum(cache.nbytes for cache in caches)
+    assert cached <= one_layer, f"{scheme}: inference caches keep {cached / 2**20:.1f} MiB after the forward"
 
 
 @pytest.mark.parametrize("scheme", BIAS)

@@ -77,6 +77,8 @@ def test_catalogue_has_the_design_names() -> None:
         "decomposed2d",
         "lookhere2d",
         "fire2d",
+        "irpe2d",
+        "irpe2d_bias",
     }
     assert set(SCHEMES_1D) == {
         "sincos1d", "learned1d", "shaw", "t5", "alibi", "rope", "xpos", "mrope", "nope", "ropend", "fire",

@@ -35,7 +35,7 @@ def tokens(b: int = 2, n: int = N, seed: int = 1) -> torch.Tensor:
 
 
 def test_every_non_additive_1d_scheme_is_an_attention_scheme() -> None:
-    assert set(ATTENTION_SCHEMES) == {"alibi", "mrope", "nope", "rope", "ropend", "shaw", "t5", "xpos"}
+    assert set(ATTENTION_SCHEMES) == {"alibi", "fire", "mrope", "nope", "rope", "ropend", "shaw", "t5", "xpos"}
 
 
 @pytest.mark.parametrize("pos", ATTENTION_SCHEMES)

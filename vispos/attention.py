@@ -37,9 +37,9 @@ def as_4d(mask: torch.Tensor | None) -> torch.Tensor | None:
 
 
 def query_mask(mask: torch.Tensor | QueryBias | None, q: torch.Tensor) -> torch.Tensor | None:
-    """A layer's mask as SDPA takes it: a query-dependent bias (``QueryBias``, decomposed2d) evaluated at the
-    queries q [B, heads, N, head_dim] (before the logit scale), any other mask as it is."""
-    return mask.logits(q) if isinstance(mask, QueryBias) else mask
+    """A layer's mask as SDPA takes it: a query-dependent bias (``QueryBias``'s protocol: decomposed2d, irpe2d)
+    evaluated at the queries q [B, heads, N, head_dim] (before the logit scale), any other mask as it is."""
+    return mask if mask is None or isinstance(mask, torch.Tensor) else mask.logits(q)
 
 
 def combine_masks(*masks: torch.Tensor | None) -> torch.Tensor | None:

@@ -22,14 +22,20 @@ class InferenceCache:
     the kept results stale, and the rotation is computed anew. Training and autograd compute it every time.
     The cache is not module state: nothing of it is in the state dict, and a copy or pickle of the module
     starts empty.
+
+    Memory is bounded: the kept results hold at most ``max_bytes`` together (the least recently used go
+    first), and a result larger than that is returned without being kept. A per-layer scheme keeps its small
+    grids' rotations (ViT-S at 224 px: about 2.4 MiB a layer) and computes a large grid's while its layer runs,
+    so a forward at 896 px does not hold every layer's rotation at once.
     """
 
-    def __init__(self, size: int = 4) -> None:
+    def __init__(self, size: int = 4, max_bytes: int = 2**22) -> None:
         self.size = size
-        self._kept: dict[Hashable, tuple[tuple[Any, ...], Any]] = {}
+        self.max_bytes = max_bytes
+        self._kept: dict[Hashable, tuple[tuple[Any, ...], Any, int]] = {}
 
-    def __reduce__(self) -> tuple[type, tuple[int]]:
-        return InferenceCache, (self.size,)  # copies and pickles start empty
+    def __reduce__(self) -> tuple[type, tuple[int, int]]:
+        return InferenceCache, (self.size, self.max_bytes)  # copies and pickles start empty
 
     def __len__(self) -> int:
         return len(self._kept)
@@ -46,10 +52,29 @@ class InferenceCache:
             self._kept[key] = kept  # most recently used last
             return kept[1]
         value = compute()
-        self._kept[key] = (stamp, value)
-        while len(self._kept) > self.size:
+        size = _nbytes(value)
+        if size > self.max_bytes:
+            return value
+        self._kept[key] = (stamp, value, size)
+        while len(self._kept) > self.size or sum(k[2] for k in self._kept.values()) > self.max_bytes:
             self._kept.pop(next(iter(self._kept)))
         return value
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the tensors the kept results hold."""
+        return sum(k[2] for k in self._kept.values())
+
+
+def _nbytes(value: Any) -> int:
+    """Bytes of the tensors of a result: a tensor, a sequence of them, or an object's tensor attributes."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, (tuple, list)):
+        return sum(_nbytes(v) for v in value)
+    if hasattr(value, "__dict__"):
+        return sum(_nbytes(v) for v in vars(value).values() if isinstance(v, (torch.Tensor, tuple, list)))
+    return 0
 
 
 def _stamp(module: nn.Module) -> tuple[Any, ...] | None:

@@ -76,8 +76,8 @@ class FireParameters(nn.Module):
     relative=False,
     context=("num_heads", "causal"),
     summary="FIRE: MLP of log distance over log max(query position, L), equal to the copy in use (tested)",
-    extrapolation="relative before the threshold L (512 tokens); past it, distances over the query's position "
-    "(progressive interpolation)",
+    extrapolation="holds to 4x the training length on passkey, 96% at 8x (docs/seq1d.md); past the threshold L "
+    "(512 tokens), distances over the query's position (progressive interpolation)",
     reference="Li et al. 2024 (FIRE)",
 )
 class Fire(FireParameters):
