@@ -53,18 +53,28 @@ def self_relative_rows(table: torch.Tensor, size: int) -> torch.Tensor:
     return table[coords[:, None] - coords[None, :] + size - 1]
 
 
-def decomposed_bias(q: torch.Tensor, rows_h: torch.Tensor, rows_w: torch.Tensor) -> torch.Tensor:
-    """q [B, heads, H*W, d] (patch tokens, row-major), ``relative_rows`` of each axis [H, H, d] and [W, W, d]
-    -> the additive logits [B, heads, H*W, H*W]: q . R_h[qy - ky] + q . R_w[qx - kx]."""
-    b, heads, n, d = q.shape
+def decomposed_bias(
+    q: torch.Tensor, rows_h: torch.Tensor, rows_w: torch.Tensor, num_prefix_tokens: int = 0
+) -> torch.Tensor:
+    """q [B, heads, P + H*W, d] (P prefix tokens, then the patch tokens, row-major), ``relative_rows`` of each axis
+    [H, H, d] and [W, W, d] -> the additive logits [B, heads, P + H*W, P + H*W]: q . R_h[qy - ky] + q . R_w[qx - kx]
+    between patches, zero in the prefix rows and columns. Written into one tensor: no padded copy of the mask."""
+    p = num_prefix_tokens
+    b, heads, t, d = q.shape
     h, w = rows_h.shape[0], rows_w.shape[0]
-    grid_q = q.reshape(b, heads, h, w, d)
+    n = t - p
+    grid_q = q[:, :, p:].reshape(b, heads, h, w, d)
     # contiguous: einsum returns a permuted view (its batch axis, y or x, outermost in memory), and the broadcast
     # add below orders such strides by comparing them: with symbolic sizes, a guard on the batch size that an
     # exported program then fails at batch 1. The same values, laid out plainly.
     along_h = torch.einsum("bnyxd,ykd->bnyxk", grid_q, rows_h.to(q.dtype)).contiguous()  # [B, heads, H, W, H]: key row
     along_w = torch.einsum("bnyxd,xkd->bnyxk", grid_q, rows_w.to(q.dtype)).contiguous()  # [B, heads, H, W, W]: key col
-    return (along_h[..., :, None] + along_w[..., None, :]).reshape(b, heads, n, n)
+    if p == 0:
+        return (along_h[..., :, None] + along_w[..., None, :]).reshape(b, heads, n, n)
+    out = q.new_zeros(b, heads, t, t)
+    patches = out[:, :, p:, p:].view(b, heads, h, w, h, w)  # [B, heads, qy, qx, ky, kx], a view into ``out``
+    patches.add_(along_h[..., :, None]).add_(along_w[..., None, :])
+    return out
 
 
 @dataclass
@@ -97,8 +107,7 @@ class QueryBias:
         """q [B, heads, M, d] (unscaled) -> the additive mask [B, heads, M, M] in q's dtype."""
         p = self.num_prefix_tokens
         if self.tokens is None:
-            bias = decomposed_bias(q[:, :, p:], self.rows_h, self.rows_w)
-            bias = F.pad(bias, (p, 0, p, 0))  # prefix rows and columns: zero
+            bias = decomposed_bias(q, self.rows_h, self.rows_w, p)  # prefix rows and columns: zero
         else:
             bias = self._gathered(q)
         return bias if self.extra is None else bias + self.extra.to(bias.dtype)
