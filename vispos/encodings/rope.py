@@ -52,13 +52,25 @@ def expand_angles(angles: torch.Tensor, layout: str) -> torch.Tensor:
     return angles.repeat_interleave(2, dim=-1)
 
 
+def _promoting(x: torch.Tensor) -> torch.Tensor:
+    """x as the rotation reads it: a float of at most fp32's precision as it is (multiplied by fp32 cos/sin it
+    gives fp32, exactly as x.float() would, without a pass that writes an fp32 copy of q or k), else x.float()."""
+    return x if x.dtype in (torch.float32, torch.bfloat16, torch.float16) else x.float()
+
+
+def _table(t: torch.Tensor) -> torch.Tensor:
+    """cos or sin in at least fp32 (as they meet an fp32 x in the products): a no-op for the fp32 tables."""
+    return t if t.dtype in (torch.float32, torch.float64) else t.float()
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "half") -> torch.Tensor:
-    """Rotate x [..., N, d] by per-channel cos/sin [..., N, d] (broadcast); fp32 maths, x's dtype out."""
+    """Rotate x [..., N, d] by per-channel cos/sin [..., N, d] (broadcast); fp32 maths, x's dtype out.
+    The channel shuffle (negation and concatenation, exact) runs in x's dtype; the products promote to fp32."""
     if layout == RFFT:
         return apply_rfft(x, cos, sin)
     rot = rotate_half if layout == "half" else rotate_interleaved
-    xf = x.float()
-    return (xf * cos + rot(xf) * sin).to(x.dtype)
+    xp = _promoting(x)
+    return (xp * _table(cos) + rot(xp) * _table(sin)).to(x.dtype)
 
 
 def apply_rope_sections(
@@ -67,9 +79,9 @@ def apply_rope_sections(
     """``apply_rope`` in the ``half`` layout inside each of the contiguous channel ``sections`` (N-D RoPE:
     one section per axis, [t | h | w]); channels past their sum form one more section."""
     sizes = [s for s in (*sections, x.shape[-1] - sum(sections)) if s]  # an empty section turns nothing
-    xf = x.float()
-    turned = torch.cat([rotate_half(part) for part in xf.split(sizes, dim=-1)], dim=-1)
-    return (xf * cos + turned * sin).to(x.dtype)
+    xp = _promoting(x)
+    turned = torch.cat([rotate_half(part) for part in xp.split(sizes, dim=-1)], dim=-1)
+    return (xp * _table(cos) + turned * _table(sin)).to(x.dtype)
 
 
 def apply_rfft(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -171,6 +183,12 @@ class Rotary:
     def select(self, layer: int) -> Rotary:
         """Layer ``layer`` of rotations stacked over layers (cos/sin [layers, ...], ``Rope2dMixed.stacked``)."""
         return replace(self, cos=self.cos[layer], sin=self.sin[layer])
+
+    def layers(self) -> list[Rotary]:
+        """Every layer of rotations stacked over layers, as ``select`` gives them one by one. Taken apart in one
+        op (``unbind``), so that in training their gradients come back in one stack: each layer's ``select``
+        would write a zero-filled gradient of the whole stack and the layers' would be summed, L^2 passes."""
+        return [replace(self, cos=c, sin=s) for c, s in zip(self.cos.unbind(0), self.sin.unbind(0), strict=True)]
 
     def take(self, index: torch.Tensor) -> Rotary:
         """The rotations of a token subset per sample: ``index`` [B, M] into the token axis -> tensors with

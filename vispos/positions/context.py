@@ -31,13 +31,20 @@ class PositionContext:
     caller_mask: bool = False  # the caller gave a mask of its own (a ragged context keeps FlexAttention off)
     grid_tensor: torch.Tensor | None = None  # (H, W) on the device, for FlexAttention's score_mod: made once
     stacked: Rotary | None = None  # a per-layer rotation evaluated for every layer at once, [layers, ...]
+    stacked_layers: list[Rotary] | None = None  # ``stacked`` taken apart per layer, on first use
+    shared_cast: torch.Tensor | None = None  # ``shared`` (a bias mask) in the attention's dtype, cast once
 
-    def layer(self, index: int) -> tuple[Rotary | QueryScaled | None, torch.Tensor | None]:
+    def layer(
+        self, index: int, dtype: torch.dtype | None = None
+    ) -> tuple[Rotary | QueryScaled | None, torch.Tensor | None]:
         """(rotation: cos/sin [(heads,) N, d] or None, additive mask [1, heads, N, N] or the caller's mask; a
         query-dependent bias comes as a ``QueryBias`` in the mask's place, ``query_mask`` gives its mask).
         For a token subset (``tokens``) or a ragged batch (``ragged``), rotations [B, heads or 1, M, d] and
-        masks [B, heads or 1, M, M]; a per-token logit scale comes as a ``QueryScaled`` rotation."""
-        return self.positions.layer(self, index)
+        masks [B, heads or 1, M, M]; a per-token logit scale comes as a ``QueryScaled`` rotation.
+        ``dtype``: q's, where the caller knows it (bf16 under autocast): a bias mask that needs no gradient is
+        then made in it (gathered from values cast first; a shared mask cast once per forward), so that SDPA's
+        cast to q's dtype is not one more pass over every mask. The same values as casting the fp32 mask."""
+        return self.positions.layer(self, index, dtype)
 
     def flex(self, index: int) -> FlexBias | None:
         """Layer ``index``'s relative bias as FlexAttention takes it (a score_mod reading the bias per offset,

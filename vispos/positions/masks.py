@@ -22,12 +22,15 @@ class LayerOutputs:
         """``"sdpa"`` (default) or ``"flex"`` (relative biases through FlexAttention), as ``configure`` set it."""
         return self.settings.get("attention", "sdpa")
 
-    def _prefixed(self, module: nn.Module, ctx: PositionContext) -> Rotary | torch.Tensor:
+    def _prefixed(
+        self, module: nn.Module, ctx: PositionContext, dtype: torch.dtype | None = None
+    ) -> Rotary | torch.Tensor:
         """One scheme module's output for all tokens, prefix tokens first: rotations with identity rows for
         them, or a bias mask [1, heads, P + HW, P + HW] (4-D: SDPA's fused CPU kernel refuses 3-D masks).
         A bias with per-offset values is gathered straight into the mask (``bias_mask``), so building it
         holds little more than the mask itself. A token subset (``ctx.tokens`` [B, M]) takes its rows:
-        rotations [B, heads or 1, M, d], masks [B, heads, M, M], gathered without the full mask."""
+        rotations [B, heads or 1, M, d], masks [B, heads, M, M], gathered without the full mask. ``dtype``: the
+        attention's (``PositionContext.layer``), where the per-offset values may be cast before the gather."""
         grid, device, tokens = ctx.grid, ctx.device, ctx.tokens
         if ctx.ragged is not None:
             return self._gathered(module, ctx)
@@ -35,7 +38,10 @@ class LayerOutputs:
             out = module(grid, device).with_prefix(self.num_prefix_tokens)
             return out if tokens is None else out.take(tokens)
         if ctx.bias_index is not None:  # [P + HW, P + HW], or the subset's [B, M, M]
-            mask = bias_mask(module.offset_bias(grid, device), getattr(module, "prefix_bias", None), ctx.bias_index)
+            values = module.offset_bias(grid, device)  # [heads, 2H-1, 2W-1]
+            if dtype is not None and ctx.user_mask is None and not (torch.is_grad_enabled() and values.requires_grad):
+                values = values.to(dtype)  # a cast commutes with the gather: one pass over the mask, not two
+            mask = bias_mask(values, getattr(module, "prefix_bias", None), ctx.bias_index)
             return mask[None] if tokens is None else mask.transpose(0, 1)
         mask = self._with_prefix(module(grid, device), module)  # [heads, P + HW, P + HW]
         if tokens is None:
@@ -94,10 +100,13 @@ class LayerOutputs:
     def _module(self, index: int) -> nn.Module:
         return self.attention[index] if self._per_layer else self.attention
 
-    def layer(self, ctx: PositionContext, index: int) -> tuple[Rotary | QueryScaled | None, torch.Tensor | None]:
+    def layer(
+        self, ctx: PositionContext, index: int, dtype: torch.dtype | None = None
+    ) -> tuple[Rotary | QueryScaled | None, torch.Tensor | None]:
         """Layer ``index``'s rotation and additive mask (prefix tokens included); with a per-token logit scale
-        (``ctx.query_scale``), the rotation is a ``QueryScaled`` that also scales q."""
-        rotary, mask = self._layer(ctx, index)
+        (``ctx.query_scale``), the rotation is a ``QueryScaled`` that also scales q. ``dtype``: q's, where the
+        caller knows it (``PositionContext.layer``)."""
+        rotary, mask = self._layer(ctx, index, dtype)
         return (rotary, mask) if ctx.query_scale is None else (QueryScaled(rotary, ctx.query_scale), mask)
 
     def _stacked(self, ctx: PositionContext) -> Rotary | None:
@@ -109,20 +118,37 @@ class LayerOutputs:
         rotation = stack(list(self.attention), ctx.grid, ctx.device)
         return None if rotation is None else rotation.with_prefix(self.num_prefix_tokens)
 
-    def _layer(self, ctx: PositionContext, index: int) -> tuple[Rotary | None, torch.Tensor | None]:
+    def _layer(
+        self, ctx: PositionContext, index: int, dtype: torch.dtype | None = None
+    ) -> tuple[Rotary | None, torch.Tensor | None]:
         if ctx.ragged is not None and ctx.user_mask is None and self._flex_ready(ctx):
             if not ctx.ragged.one_image_per_row():  # set for FlexAttention, run through SDPA: its mask, once
                 ctx.user_mask = ctx.ragged.structure_mask()
         if not self.enabled or self.attention is None:
             return None, ctx.user_mask
         if ctx.shared is not None:
-            out = ctx.shared
+            out = self._shared_as(ctx, dtype)
         elif ctx.stacked is not None:
-            out = ctx.stacked.select(index)
+            if ctx.stacked_layers is None:  # taken apart once per forward (``Rotary.layers``)
+                ctx.stacked_layers = ctx.stacked.layers()
+            out = ctx.stacked_layers[index]
             out = out if ctx.tokens is None else out.take(ctx.tokens)
         else:
-            out = self._combined(self._prefixed(self._module(index), ctx), ctx.user_mask)
+            out = self._combined(self._prefixed(self._module(index), ctx, dtype), ctx.user_mask)
         return (out, ctx.user_mask) if self.attention_kind == "rotary" else (None, out)
+
+    @staticmethod
+    def _shared_as(ctx: PositionContext, dtype: torch.dtype | None) -> Rotary | torch.Tensor:
+        """The shared output; a bias mask that needs no gradient in ``dtype``, cast once per forward rather than
+        by SDPA in every layer (a mask with a gradient keeps one cast per layer: its gradients sum in fp32)."""
+        out = ctx.shared
+        if dtype is None or not isinstance(out, torch.Tensor) or not out.is_floating_point():
+            return out
+        if out.dtype == dtype or (torch.is_grad_enabled() and out.requires_grad):
+            return out
+        if ctx.shared_cast is None or ctx.shared_cast.dtype != dtype:
+            ctx.shared_cast = out.to(dtype)
+        return ctx.shared_cast
 
     def _flex_ready(self, ctx: PositionContext) -> bool:
         """FlexAttention is on and applies: an enabled relative bias on the whole grid or on a ragged batch of

@@ -1,0 +1,139 @@
+"""Counted work per forward (``benchmarks/patch_work.py``) on a tiny ViT: deterministic, equal on fake and real
+tensors, the added calls and bytes of rope2d, rope2d_mixed and relbias2d pinned (a regression that adds a pass
+fails), and the floors checked against arithmetic written out by hand. No timings."""
+
+from __future__ import annotations
+
+import pytest
+import timm
+import torch
+
+import vispos
+from benchmarks.patch_work import MODEL, configurations, measure, table
+from benchmarks.work_count import count_work, fake_model
+from benchmarks.work_floor import geometry, mask_writes
+from benchmarks.work_targets import check_targets
+
+TINY = {"depth": 2, "embed_dim": 64, "num_heads": 2}  # 2 layers, 2 heads of 32 channels
+SIZE = 64  # a 4 x 4 grid: 16 patches + the class token
+SCHEMES = ["rope2d", "rope2d_mixed", "relbias2d"]
+
+
+@pytest.fixture(scope="module")
+def records() -> list[dict[str, object]]:
+    return measure(configurations(SCHEMES, with_timm=False, model_kwargs=TINY), [SIZE], 1)
+
+
+def added(records: list[dict[str, object]], scheme: str, mode: str, dtype: str) -> dict[str, int]:
+    row = next(r for r in records if r["config"] == f"vispos {scheme}" and (r["mode"], r["dtype"]) == (mode, dtype))
+    return row["added"]  # type: ignore[return-value]
+
+
+def test_two_runs_count_the_same(records: list[dict[str, object]]) -> None:
+    again = measure(configurations(SCHEMES, with_timm=False, model_kwargs=TINY), [SIZE], 1)
+    assert again == records
+    assert [table(again, "inference", "fp32")] == [table(records, "inference", "fp32")]
+
+
+@pytest.mark.parametrize("pos", ["rope2d", "relbias2d"])
+@pytest.mark.parametrize("train", [False, True])
+def test_fake_tensors_count_what_real_ones_do(pos: str, train: bool) -> None:
+    """The benchmark's fake model (built on meta, materialised as fake tensors) dispatches exactly the ops of the
+    real model, with the same sizes: the counts are those of a real forward."""
+    build = lambda: vispos.create_model(MODEL, pos=pos, img_size=SIZE, **TINY)  # noqa: E731
+    torch.manual_seed(0)
+    real = count_work(build(), 1, SIZE, train=train, bf16=True)
+    fake = count_work(fake_model(build), 1, SIZE, train=train, bf16=True)
+    assert (fake.calls, fake.kernels, fake.bytes, fake.flops) == (real.calls, real.kernels, real.bytes, real.flops)
+    assert fake.ops == real.ops and fake.op_bytes == real.op_bytes
+
+
+# (calls, kernels, bytes) each scheme adds to the tiny ViT, batch 1, 64 px; bf16 is autocast
+PINNED = {
+    ("rope2d", "inference", "fp32"): (66, 52, 213600),
+    ("rope2d", "inference", "bf16"): (70, 56, 196192),
+    ("rope2d", "training", "fp32"): (93, 71, 396384),
+    ("rope2d", "training", "bf16"): (109, 87, 405088),
+    ("rope2d_mixed", "inference", "fp32"): (58, 39, 304352),
+    ("rope2d_mixed", "inference", "bf16"): (62, 43, 286944),
+    ("rope2d_mixed", "training", "fp32"): (140, 94, 929120),
+    ("rope2d_mixed", "training", "bf16"): (156, 110, 920416),
+    ("relbias2d", "inference", "fp32"): (52, 24, 20192),
+    ("relbias2d", "inference", "bf16"): (56, 28, 15568),
+    ("relbias2d", "training", "fp32"): (146, 55, 169192),
+    ("relbias2d", "training", "bf16"): (194, 103, 430720),
+}
+
+
+@pytest.mark.parametrize("key", list(PINNED), ids=lambda k: "-".join(k))
+def test_added_work_is_pinned(records: list[dict[str, object]], key: tuple[str, str, str]) -> None:
+    a = added(records, *key)
+    assert (a["calls"], a["kernels"], a["bytes"]) == PINNED[key]
+
+
+def test_bias_masks_are_written_once_per_layer(records: list[dict[str, object]]) -> None:
+    """relbias2d (a table per layer) writes one mask per layer at inference, also in bf16: the mask is gathered
+    from values cast to q's dtype, not built in fp32 and cast again."""
+    rows = [r for r in records if r["config"] == "vispos relbias2d" and r["mode"] == "inference"]
+    assert [r["mask_writes"] for r in rows] == [TINY["depth"]] * 2
+    verdict = next(v for v in check_targets(records) if v["target"].startswith("relbias2d"))
+    assert verdict["holds"]
+
+
+def test_floors_match_the_arithmetic(records: list[dict[str, object]]) -> None:
+    """Floors by hand: 2 layers, 2 heads of 32 channels, 17 tokens (16 patches), batch 1, fp32 (4 bytes)."""
+    qk = 2 * 4 * (1 * 2 * 17 * 32) * 4  # per layer: q and k read once and written once
+    rope2d_table = 2 * 16 * 32 * 4  # cos and sin [HW, head_dim], shared by the layers and heads
+    mixed_table = 2 * 2 * 2 * 16 * 32 * 4  # cos and sin [layers, heads, HW, head_dim]
+    mask = 2 * 17 * 17 * 4  # [heads, N, N]
+    expected = {
+        ("rope2d", "inference", "fp32"): qk + rope2d_table,
+        ("rope2d", "inference", "bf16"): qk // 2 + rope2d_table,  # q in bf16, the table in fp32
+        ("rope2d", "training", "fp32"): 2 * (qk + rope2d_table),
+        ("rope2d_mixed", "inference", "fp32"): qk + mixed_table,
+        ("relbias2d", "inference", "fp32"): mask * (2 + 2),  # written once per layer, read once per layer
+        ("relbias2d", "inference", "bf16"): mask // 2 * (2 + 2),
+        ("relbias2d", "training", "fp32"): 2 * mask * (2 + 2),
+    }
+    for (scheme, mode, dtype), floor in expected.items():
+        row = next(r for r in records if r["config"] == f"vispos {scheme}" and (r["mode"], r["dtype"]) == (mode, dtype))
+        assert row["floor_bytes"] == floor, (scheme, mode, dtype)
+        assert row["x_floor"] == round(row["added"]["bytes"] / floor, 2)
+
+
+def test_mask_writes_count_mask_sized_outputs() -> None:
+    geo = geometry(timm.create_model(MODEL, img_size=SIZE, **TINY))
+    heads_patches, heads_tokens = 2 * 16 * 16, 2 * 17 * 17
+    written = {heads_patches: 1, heads_tokens: 2, heads_tokens + 1: 5, heads_patches - 1: 7}
+    assert mask_writes(written, geo) == 3
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_rotation_without_an_fp32_copy_is_bit_identical(dtype: torch.dtype, layout: str) -> None:
+    """``apply_rope`` shuffles q in its own dtype and lets the products with fp32 cos/sin promote: the same bits
+    as rotating ``x.float()`` (what it did before, one pass over q and k more)."""
+    from vispos.encodings.rope import apply_rope, rotate_half, rotate_interleaved
+
+    torch.manual_seed(0)
+    qkv = torch.randn(2, 17, 3, 3, 32).to(dtype)  # [B, N, (q k v), heads, d]
+    x = qkv.permute(2, 0, 3, 1, 4)[0]  # q [B, heads, N, d], a strided view as in the attention
+    angles = torch.randn(17, 32) * 10
+    cos, sin = angles.cos(), angles.sin()
+    rot = rotate_half if layout == "half" else rotate_interleaved
+    xf = x.float()
+    assert torch.equal(apply_rope(x, cos, sin, layout), (xf * cos + rot(xf) * sin).to(dtype))
+
+
+@pytest.mark.parametrize("pos", ["relbias2d", "alibi2d"])
+def test_masks_made_in_q_dtype_equal_the_cast_fp32_masks(pos: str) -> None:
+    """A mask asked for in q's dtype (``PositionContext.layer(index, dtype)``) holds the values of the fp32 mask
+    cast to it, bit for bit; without a dtype the mask stays fp32."""
+    model = vispos.create_model(MODEL, pos=pos, img_size=SIZE, **TINY).eval()
+    with torch.no_grad():
+        ctx = model.vispos.context(tuple(model.patch_embed.grid_size), torch.device("cpu"))
+        for index in range(TINY["depth"]):
+            fp32 = ctx.layer(index)[1]
+            bf16 = ctx.layer(index, torch.bfloat16)[1]
+            assert fp32.dtype == torch.float32 and bf16.dtype == torch.bfloat16
+            assert torch.equal(bf16, fp32.to(torch.bfloat16))
