@@ -165,3 +165,31 @@ def test_comrope_init_is_the_official_draw() -> None:
     multiplier = torch.randn(1, 2, HEAD_DIM // 8, 1, 1)
     torch.testing.assert_close(enc.base.detach(), freqs[:, 0], rtol=0, atol=0)
     torch.testing.assert_close(enc.scale.detach(), multiplier.view(2, HEAD_DIM // 8), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("scheme", ["comrope2d", "liere2d"])
+def test_rotations_exponentiated_in_token_slices_equal_one_call(scheme: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A large grid's exponent goes to ``matrix_exp`` in slices of tokens (bounded scratch memory): bit for bit
+    the rotations of one call."""
+    from vispos.encodings import liere
+
+    torch.manual_seed(0)
+    context = {"dim": HEAD_DIM, "num_heads": HEADS, "train_grid": TRAIN}
+    enc = vispos.create_encoding(scheme, **{k: context[k] for k in vispos.get_info(scheme, 2).context})
+    with torch.no_grad():
+        for p in enc.parameters():
+            p.normal_(std=0.5)
+        whole = enc((9, 7)).blocks.clone()
+        monkeypatch.setattr(liere, "EXP_CHUNK", 1)  # two tokens per call (the least), three in the last
+        enc.cache.size = 0
+        sliced = enc((9, 7)).blocks
+    assert torch.equal(sliced, whole)
+    weights = torch.randn(whole.shape, generator=torch.Generator().manual_seed(1))
+    grads = []
+    for chunk in (liere.EXP_CHUNK, 2**40):  # training through the slices: the gradients of one call
+        monkeypatch.setattr(liere, "EXP_CHUNK", chunk)
+        enc.zero_grad()
+        (enc((9, 7)).blocks * weights).sum().backward()
+        grads.append([p.grad.clone() for p in enc.parameters()])
+    for sliced_grad, whole_grad in zip(*grads, strict=True):
+        torch.testing.assert_close(sliced_grad, whole_grad)

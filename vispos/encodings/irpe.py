@@ -68,7 +68,7 @@ from torch import nn
 
 from .._validate import check_bool, check_choice, check_float, check_grid, check_int
 from ..registry import register
-from .relbias import bias_from_offsets, offsets_2d, relative_index_2d
+from .relbias import bias_from_offsets, offsets_2d, prefixed_offset_index, relative_index_2d
 
 METHODS = ("euclidean", "quant", "cross", "product")
 SIDES = ("k",)
@@ -125,13 +125,17 @@ def grid_bucket_ids(grid: tuple[int, int], method: str, ratio: float, device: to
 class BucketQueryBias:
     """iRPE's contextual term awaiting its queries (``QueryBias``'s protocol): ``logits(q)`` is a layer's mask.
 
-    ``tables``: one per component (cross: rows, columns) [heads or 1, d, buckets]; ``ids`` [K, HW, HW] the bucket of
-    each pair of patches; ``skip``: the prefix bucket (the tables' last), or None (no prefix bucket: prefix rows and
-    columns get zero); ``scale``: 1 / sqrt(d), the released q scale; ``tokens`` [B, M] a token subset (indices into
-    the P + HW tokens) or None; ``extra``: a mask added to the result (the caller's)."""
+    ``tables``: one per component (cross: rows, columns) [heads or 1, d, buckets]; ``per_offset`` [K, 2H-1, 2W-1] the
+    bucket of each offset of ``grid``; ``skip``: the prefix bucket (the tables' last), or None (no prefix bucket:
+    prefix rows and columns get zero); ``scale``: 1 / sqrt(d), the released q scale; ``tokens`` [B, M] a token subset
+    (indices into the P + HW tokens) or None; ``extra``: a mask added to the result (the caller's).
+
+    On the whole grid the mask is read from q . r_b through one int32 index of (query, bucket) per pair: besides the
+    mask it holds that index (1/heads of the mask), not int64 bucket ids of every pair."""
 
     tables: tuple[torch.Tensor, ...]
-    ids: torch.Tensor
+    per_offset: torch.Tensor
+    grid: tuple[int, int]
     skip: int | None
     scale: float
     num_prefix_tokens: int = 0
@@ -139,7 +143,9 @@ class BucketQueryBias:
     extra: torch.Tensor | None = None
 
     def _with(self, num_prefix_tokens: int, tokens: torch.Tensor | None, extra: torch.Tensor | None) -> BucketQueryBias:
-        return BucketQueryBias(self.tables, self.ids, self.skip, self.scale, num_prefix_tokens, tokens, extra)
+        return BucketQueryBias(
+            self.tables, self.per_offset, self.grid, self.skip, self.scale, num_prefix_tokens, tokens, extra
+        )
 
     def with_prefix(self, num_prefix_tokens: int) -> BucketQueryBias:
         return self._with(num_prefix_tokens, self.tokens, self.extra)
@@ -152,6 +158,11 @@ class BucketQueryBias:
         """With ``mask`` (broadcastable to [B, heads, M, M]) added to the logits."""
         extra = mask if self.extra is None or mask is None else self.extra + mask
         return self._with(self.num_prefix_tokens, self.tokens, extra)
+
+    @property
+    def ids(self) -> torch.Tensor:
+        """The bucket of every pair of patches: [K, HW, HW] int64."""
+        return self.per_offset.flatten(1)[:, relative_index_2d(self.grid, self.per_offset.device)]
 
     def token_ids(self) -> torch.Tensor:
         """The bucket of every pair of tokens, prefix tokens first: [K, M, M], or [K, B, M, M] for a subset
@@ -168,6 +179,8 @@ class BucketQueryBias:
         """q [B, heads, M, d] (unscaled) -> the additive mask [B, heads, M, M] in q's dtype:
         (q_i / sqrt(d)) . r_{bucket(i, j)}, summed over the components."""
         q = q * self.scale
+        if self.tokens is None:
+            return self._grid_logits(q)
         bias = None
         for table, ids in zip(self.tables, self.token_ids().unbind(0), strict=True):
             lookup = q @ table.to(q.dtype)  # [B, heads, M, buckets]: q . r_b for every bucket b
@@ -175,6 +188,32 @@ class BucketQueryBias:
                 lookup = F.pad(lookup, (0, 1))  # the prefix tokens' zero column
             index = ids[None, None] if ids.dim() == 2 else ids[:, None]  # [1 or B, 1, M, M]
             term = lookup.gather(-1, index.expand(*lookup.shape[:-1], index.shape[-1]))  # [B, heads, M, M]
+            bias = term if bias is None else bias + term
+        return bias if self.extra is None else bias + self.extra.to(bias.dtype)
+
+    def _grid_logits(self, q: torch.Tensor) -> torch.Tensor:
+        """The whole grid's mask from the scaled queries q [B, heads, P + HW, d]: for each component, q . r_b for
+        every bucket [B, heads, M, buckets], read at (query i, bucket(i, j)) through one flat int32 index."""
+        b, heads, m, _ = q.shape
+        p = self.num_prefix_tokens
+        lookups = []
+        for table in self.tables:
+            lookup = q @ table.to(q.dtype)  # [B, heads, M, buckets]: q . r_b for every bucket b
+            if self.skip is None and p:
+                lookup = F.pad(lookup, (0, 1))  # the prefix tokens' bucket: a zero column
+            lookups.append(lookup)
+        buckets = lookups[0].shape[-1]
+        prefix = buckets - 1 if self.skip is None else self.skip  # the bucket of the pairs with a prefix token
+        index = prefixed_offset_index(self.grid, p, q.device)  # [M, M] int32: offsets, then 3 prefix entries
+        rows = torch.arange(m, device=q.device, dtype=torch.int32)[:, None] * buckets
+        flats = []
+        for per_offset in self.per_offset.unbind(0):
+            values = torch.cat((per_offset.flatten(), per_offset.new_full((3,), prefix))).to(torch.int32)
+            flats.append((values[index] + rows).flatten())  # [M * M] int32: (query, bucket) of every pair
+        del index  # the gather holds one int32 index per component beside the mask, nothing more
+        bias = None
+        for lookup, flat in zip(lookups, flats, strict=True):
+            term = lookup.reshape(b * heads, m * buckets).index_select(1, flat).view(b, heads, m, m)
             bias = term if bias is None else bias + term
         return bias if self.extra is None else bias + self.extra.to(bias.dtype)
 
@@ -266,8 +305,8 @@ class Irpe2d(BucketTables):
         """-> a ``BucketQueryBias`` at ``grid`` (self-attention: queries and keys on the same grid)."""
         grid = check_grid(grid)
         tables = self.tables()
-        ids = grid_bucket_ids(grid, self.method, self.ratio, tables[0].device)
-        return BucketQueryBias(tables, ids, self.skip, self.dim**-0.5)
+        per_offset = bucket_ids(offsets_2d(grid, tables[0].device), self.method, self.ratio)  # [K, 2H-1, 2W-1]
+        return BucketQueryBias(tables, per_offset, grid, self.skip, self.dim**-0.5)
 
 
 @register(

@@ -32,12 +32,33 @@ from .rope import Rotary
 COORDS: tuple[str, ...] = ("liere", "unit", "normalized", "pixel")
 
 
+# elements of the exponent per ``matrix_exp`` call (4 MiB in fp32): its scratch tensors are several times its input,
+# so a large grid is exponentiated in slices of tokens (the same values: each matrix is exponentiated on its own)
+EXP_CHUNK = 2**20
+
+
 def generator_rotations(coords: torch.Tensor, generators: torch.Tensor) -> torch.Tensor:
     """Block rotations exp(sum_k p_k A_km): coords [N, A] x generators [(heads,) A, M, b, b] (skew) ->
-    [(heads,) N, M, b, b], in fp32 (``torch.linalg.matrix_exp``)."""
+    [(heads,) N, M, b, b], in fp32 (``torch.linalg.matrix_exp``), ``EXP_CHUNK`` elements of exponent at a time
+    in eager mode (a traced or compiled program keeps one call: its sizes may be symbolic)."""
     with torch.autocast(coords.device.type, enabled=False):  # autocast would run the einsum in bf16 / fp16
         summed = torch.einsum("na,...amij->...nmij", coords.float(), generators.float())  # [(heads,) N, M, b, b]
-        return torch.linalg.matrix_exp(summed.contiguous())
+        summed = summed.contiguous()
+        axis = generators.dim() - 4  # the token axis: 1 with heads, else 0
+        n, per_token = summed.shape[axis], summed[..., 0, :, :, :].numel() if axis else summed[0].numel()
+        rows = max(2, EXP_CHUNK // per_token)
+        if torch.compiler.is_compiling() or torch.jit.is_tracing() or n <= rows:
+            return torch.linalg.matrix_exp(summed)
+        # slices of at least two matrices: matrix_exp takes another approximation for a batch of one
+        sizes = [rows] * (n // rows) + ([n % rows] if n % rows else [])
+        if sizes[-1] == 1:
+            sizes[-2:] = [sizes[-2] + 1]
+        out = torch.empty_like(summed)
+        start = 0
+        for size in sizes:
+            out.narrow(axis, start, size).copy_(torch.linalg.matrix_exp(summed.narrow(axis, start, size).contiguous()))
+            start += size
+        return out
 
 
 def upper_skew(raw: torch.Tensor) -> torch.Tensor:
