@@ -127,6 +127,13 @@ def _visible(direction: str, dy: torch.Tensor, dx: torch.Tensor) -> torch.Tensor
     }[direction]()
 
 
+def shaped(dist: torch.Tensor, distance: str) -> torch.Tensor:
+    """A Euclidean distance as ``distance`` says: as it is, its square root or its square."""
+    if distance == "sqrt":
+        return dist.sqrt()
+    return dist.square() if distance == "square" else dist
+
+
 def lookhere_bias(
     offsets: torch.Tensor,
     views: list[tuple[str, ...]],
@@ -142,8 +149,7 @@ def lookhere_bias(
     layer and head slopes. ``fill="max"`` needs ``largest``, the grid's largest distance (after ``distance``)."""
     d = -offsets.float()  # key - query
     dy, dx = d[..., 0], d[..., 1]
-    dist = d.norm(dim=-1)
-    dist = {"linear": dist, "sqrt": dist.sqrt(), "square": dist.square()}[distance]
+    dist = shaped(d.norm(dim=-1), distance)
     rows = []
     for view, slope in zip(views, slopes, strict=True):
         penalty = torch.zeros_like(dist) if "zero" in view else dist
@@ -205,7 +211,7 @@ class LookHere2d(nn.Module):
         """The grid's largest distance after ``distance`` (``fill="max"``), as a 0-dim fp32 tensor."""
         h, w = grid
         corner = torch.tensor([float(h - 1), float(w - 1)], device=device).norm()
-        return {"linear": corner, "sqrt": corner.sqrt(), "square": corner.square()}[self.distance]
+        return shaped(corner, self.distance)
 
     def offset_bias(self, grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
         """-> [heads, 2H-1, 2W-1] fp32, one value per offset (dy, dx) = query - key."""

@@ -180,14 +180,10 @@ class Rotary:
         cos, sin = pad(self.cos, self.temperature), pad(self.sin, 0.0)
         return replace(self, cos=cos, sin=sin, q_scale=pad(self.q_scale, 1.0), k_scale=pad(self.k_scale, 1.0))
 
-    def select(self, layer: int) -> Rotary:
-        """Layer ``layer`` of rotations stacked over layers (cos/sin [layers, ...], ``Rope2dMixed.stacked``)."""
-        return replace(self, cos=self.cos[layer], sin=self.sin[layer])
-
     def layers(self) -> list[Rotary]:
-        """Every layer of rotations stacked over layers, as ``select`` gives them one by one. Taken apart in one
-        op (``unbind``), so that in training their gradients come back in one stack: each layer's ``select``
-        would write a zero-filled gradient of the whole stack and the layers' would be summed, L^2 passes."""
+        """Every layer of rotations stacked over layers (cos/sin [layers, ...], ``Rope2dMixed.stacked``). Taken
+        apart in one op (``unbind``), so that in training their gradients come back in one stack: indexing each
+        layer would write a zero-filled gradient of the whole stack per layer, summed: L^2 passes."""
         return [replace(self, cos=c, sin=s) for c, s in zip(self.cos.unbind(0), self.sin.unbind(0), strict=True)]
 
     def take(self, index: torch.Tensor) -> Rotary:

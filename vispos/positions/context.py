@@ -31,7 +31,7 @@ class PositionContext:
     caller_mask: bool = False  # the caller gave a mask of its own (a ragged context keeps FlexAttention off)
     grid_tensor: torch.Tensor | None = None  # (H, W) on the device, for FlexAttention's score_mod: made once
     stacked: Rotary | None = None  # a per-layer rotation evaluated for every layer at once, [layers, ...]
-    stacked_layers: list[Rotary] | None = None  # ``stacked`` taken apart per layer, on first use
+    stacked_layers: list[Rotary] | None = None  # ``stacked`` taken apart per layer (``Rotary.layers``), with it
     shared_cast: torch.Tensor | None = None  # ``shared`` (a bias mask) in the attention's dtype, cast once
 
     def layer(

@@ -59,6 +59,7 @@ class Contexts:
                 ctx.shared = self._combined(self._prefixed(self.attention, ctx), user)
             else:  # RoPE-Mixed: every layer's rotation in one product (``_stacked``)
                 ctx.stacked = self._stacked(ctx)
+                ctx.stacked_layers = None if ctx.stacked is None else ctx.stacked.layers()
         return ctx
 
     def ragged_context(

@@ -128,9 +128,7 @@ class LayerOutputs:
             return None, ctx.user_mask
         if ctx.shared is not None:
             out = self._shared_as(ctx, dtype)
-        elif ctx.stacked is not None:
-            if ctx.stacked_layers is None:  # taken apart once per forward (``Rotary.layers``)
-                ctx.stacked_layers = ctx.stacked.layers()
+        elif ctx.stacked_layers is not None:
             out = ctx.stacked_layers[index]
             out = out if ctx.tokens is None else out.take(ctx.tokens)
         else:
