@@ -146,7 +146,7 @@ def test_fractional_points_in_a_batch_give_each_image_what_it_gives_alone(pos: s
 
 
 RELATIVE = ["rope2d", "rope2d_mixed", "rope2d_golden", "string2d", "alibi2d", "cpb2d", ("comrope2d", "pixel"),
-            "irpe2d_bias", "lookhere2d"]
+            "irpe2d_bias", "lookhere2d", "pape2d"]
 ABSOLUTE = ["sincos2d", "learned2d", ("learned2d", "grid_sample"), ("liere2d", "pixel")]
 
 

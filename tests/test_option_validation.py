@@ -50,6 +50,8 @@ BAD: dict[str, list[object]] = {
     "dropout": [-0.1, 1.0, 1.5, *NUMBER, None],  # a probability below 1
     # counts
     "hidden": COUNT,
+    "parabolas": COUNT,
+    "pad_to": COUNT,
     "mlp_width": COUNT,
     "max_len": COUNT,
     "max_distance": COUNT,
@@ -99,12 +101,15 @@ BAD: dict[str, list[object]] = {
     "head_slopes": [(0.5,), (0.5, -1.0), (0.5, NAN), "ab", 1.0],  # None: the released slopes
     "scaling": [2.0, "cubic", {"type": "linear", "factor": 0.5}, {"type": "linear", "factor": 2.0, "beta_fast": 8}],
 }
+# an option whose name two schemes share with different types: the bad values of the one named here
+BAD_FOR: dict[str, dict[str, list[object]]] = {"pape2d": {"normalize": FLAG}}  # a flag (the released name)
 # the context a host fills in: given by hand to create_encoding, it is checked the same way
-CONTEXT = {"dim": 16, "num_heads": 2, "train_grid": (4, 4), "num_prefix_tokens": 1, "causal": False,
+CONTEXT = {"dim": 16, "width": 32, "num_heads": 2, "train_grid": (4, 4), "num_prefix_tokens": 1, "causal": False,
            "layer": 0, "depth": 1}
 CONTEXT_BAD: dict[str, list[object]] = {
     "dim": [0, -4, 16.0, True, "16", None],
     "num_heads": [0, -1, 2.0, True, None],
+    "width": [0, -4, 32.0, True, "32", None],
     "train_grid": GRID,
     "num_prefix_tokens": [-1, 1.0, True, None],
     "causal": FLAG,
@@ -141,7 +146,7 @@ def cases() -> list[tuple[str, int, str, object]]:
         (name, ndim, option, value)
         for name, ndim in schemes()
         for option in get_info(name, ndim).options
-        for value in BAD.get(option, ())
+        for value in BAD_FOR.get(name, {}).get(option, BAD.get(option, ()))
     ]
 
 

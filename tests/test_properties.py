@@ -52,7 +52,8 @@ def randomize_(module: nn.Module, seed: int) -> nn.Module:
 
 def encoding(name: str, ndim: int, seed: int, **options: object) -> nn.Module:
     info = vispos.get_info(name, ndim)
-    context = {"dim": EMBED if info.kind in ("additive", "conditional") else HEAD_DIM, "num_heads": HEADS}
+    context = {"dim": EMBED if info.kind in ("additive", "conditional") else HEAD_DIM, "num_heads": HEADS,
+               "width": EMBED}  # fmt: skip
     context["train_grid"] = GRID
     context |= {"num_prefix_tokens": 0, "causal": False, "layer": 0, "depth": 1}
     enc = vispos.create_encoding(name, ndim=ndim, **{k: context[k] for k in info.context} | options)

@@ -20,13 +20,15 @@ from vispos.registry import _REGISTRY, CONTEXT, register
 GRID = (3, 4)
 HEADS = 2
 DIM = 16  # embedding dim for additive schemes, head dim for attention schemes
+WIDTH = 12  # the attention's input width (schemes of channels compute from it)
 SCHEMES_2D = vispos.list_encodings(ndim=2)
 SCHEMES_1D = vispos.list_encodings(ndim=1)
 
 
 def build(name: str, ndim: int = 2, **extra: object) -> torch.nn.Module:
     """The scheme with small values for the context it declares (dim, num_heads, train_grid...)."""
-    context = {"dim": DIM, "num_heads": HEADS, "train_grid": GRID, "num_prefix_tokens": 0, "causal": False}
+    context = {"dim": DIM, "width": WIDTH, "num_heads": HEADS, "train_grid": GRID, "num_prefix_tokens": 0,
+               "causal": False}  # fmt: skip
     context |= {"layer": 0, "depth": 1}
     info = vispos.get_info(name, ndim)
     return vispos.create_encoding(name, ndim=ndim, **{k: context[k] for k in info.context} | extra)
@@ -45,10 +47,17 @@ def run_2d(module: torch.nn.Module, grid: tuple[int, int], dtype: torch.dtype = 
     return module(tokens.to(dtype), grid)
 
 
+def inputs(n: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The attention's input tokens [2, n, WIDTH] a scheme of channels computes from."""
+    return torch.randn(2, n, WIDTH, generator=torch.Generator().manual_seed(4)).to(dtype)
+
+
 def scalar_of(out: object, kind: str, n: int) -> torch.Tensor:
     """A scalar that depends on every output of the scheme (for gradients)."""
     g = torch.Generator().manual_seed(2)
-    if kind == "rotary":
+    if kind == "channels":
+        out = out.bind(inputs(n))
+    if kind in ("rotary", "channels"):
         q, k = out.rotate(*qk(n))
         return (q @ k.transpose(-2, -1)).sum()
     if kind == "relative_kv":
@@ -79,6 +88,7 @@ def test_catalogue_has_the_design_names() -> None:
         "fire2d",
         "irpe2d",
         "irpe2d_bias",
+        "pape2d",
     }
     assert set(SCHEMES_1D) == {
         "sincos1d", "learned1d", "shaw", "t5", "alibi", "rope", "xpos", "mrope", "nope", "ropend", "fire",
@@ -114,6 +124,14 @@ def test_2d_output_shape_dtype_finite(name: str) -> None:
         bias = out.logits(qk(n)[0])
         assert bias.shape == (2, HEADS, n, n) and bias.dtype == torch.float32 and bias.isfinite().all()
         assert out.logits(qk(n, torch.bfloat16)[0]).dtype == torch.bfloat16
+    elif info.kind == "channels":  # q and k widened by channels computed from the attention's inputs
+        q, k = qk(n)
+        rq, rk = out.bind(inputs(n)).rotate(q, k)
+        assert rq.shape[:-1] == q.shape[:-1] and rq.shape == rk.shape and rq.shape[-1] > DIM
+        assert rq.dtype == torch.float32 and rq.isfinite().all() and rk.isfinite().all()
+        assert torch.equal(rq[..., :DIM], q) and torch.equal(rk[..., :DIM], k)
+        rq, rk = out.bind(inputs(n, torch.bfloat16)).rotate(q.bfloat16(), k.bfloat16())
+        assert rq.dtype == rk.dtype == torch.bfloat16
     else:
         assert isinstance(out, Rotary)
         if out.blocks is not None:  # general block rotations (ComRoPE, LieRE): [(heads,) N, d/b, b, b]
@@ -169,6 +187,16 @@ def test_2d_bf16_module_agrees_with_fp32(name: str) -> None:
         eq, ek = ref.rotate(q.float(), k.float())
         torch.testing.assert_close(rq.float(), eq, atol=3e-2, rtol=2e-2)
         torch.testing.assert_close(rk.float(), ek, atol=3e-2, rtol=2e-2)
+    elif info.kind == "channels":  # in the input dtype, computed in fp32 from the cast's rounded parameters
+        rounded = copy.deepcopy(module)
+        rounded.load_state_dict(half.state_dict())
+        q, k = qk(n, torch.bfloat16)
+        x = inputs(n, torch.bfloat16)
+        rq, rk = out.bind(x).rotate(q, k)
+        assert rq.dtype == rk.dtype == torch.bfloat16
+        eq, ek = rounded(GRID).bind(x.float()).rotate(q.float(), k.float())
+        torch.testing.assert_close(rq.float(), eq, atol=1e-2, rtol=1e-2)
+        torch.testing.assert_close(rk.float(), ek, atol=1e-2, rtol=1e-2)
     elif info.kind == "query_bias":  # the bias at bf16 queries, in bf16
         q = qk(n, torch.bfloat16)[0]
         got = out.logits(q)

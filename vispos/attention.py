@@ -42,6 +42,12 @@ def query_mask(mask: torch.Tensor | QueryBias | None, q: torch.Tensor) -> torch.
     return mask if mask is None or isinstance(mask, torch.Tensor) else mask.logits(q)
 
 
+def widened(v: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """v [..., d] zero-padded to q's width where channels were appended to q and k: the fused SDPA kernels (flash,
+    CPU and CUDA) take one head width for q, k and v; the outputs' extra channels are zero, sliced off."""
+    return v if v.shape[-1] == q.shape[-1] else F.pad(v, (0, q.shape[-1] - v.shape[-1]))
+
+
 def combine_masks(*masks: torch.Tensor | None) -> torch.Tensor | None:
     """Sum of the given additive masks (broadcast), None when there are none."""
     out = None
@@ -65,12 +71,15 @@ def sdpa(
     """softmax(q k^T * scale + mask) v for q, k, v [B, heads, N, head_dim]; fused or the eager reference.
 
     A float mask goes to SDPA as 4-D in q's dtype: with a 3-D mask PyTorch's CPU dispatcher leaves the
-    fused kernel for the math path (several times slower)."""
+    fused kernel for the math path (several times slower). q and k wider than v (channels appended: pape2d)
+    attend with v padded to their width (``widened``), so that a fused kernel takes them."""
     mask = as_4d(as_float_mask(mask, q.dtype))
     if fused:
-        return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale
+        width = v.shape[-1]
+        out = F.scaled_dot_product_attention(
+            q, k, widened(v, q), attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale
         )
+        return out if out.shape[-1] == width else out[..., :width]
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     logits = (q * scale) @ k.transpose(-2, -1)  # [B, heads, N, N]
     if is_causal:

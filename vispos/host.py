@@ -22,7 +22,7 @@ from ._validate import check_grid
 from .positions import Positions
 from .registry import SchemeInfo, build_in_context, get_info, list_encodings, split_options
 
-ATTENTION_KINDS: tuple[str, ...] = ("rotary", "bias", "query_bias")  # the kinds applied inside attention
+ATTENTION_KINDS: tuple[str, ...] = ("rotary", "bias", "query_bias", "channels")  # applied inside attention
 
 
 class PretrainedPositionsWarning(UserWarning):
@@ -180,7 +180,9 @@ def build_positions(
         if adopt is not None and table is not None:
             adopt(table)
     if attention is not None:
-        att_context = context | {"dim": shape.head_dim, "num_prefix_tokens": shape.num_prefix_tokens}
+        att_context = context | {
+            "dim": shape.head_dim, "width": shape.embed_dim, "num_prefix_tokens": shape.num_prefix_tokens
+        }
         att_module = _build(attention, att_context, per_scheme[attention.name], depth, layer_grids)
         if kept is not None and kept.freqs is not None:
             adopt_freqs(att_module, kept)

@@ -15,13 +15,14 @@ from typing import Literal, TypeVar
 
 from torch import nn
 
-Kind = Literal["additive", "rotary", "bias", "query_bias", "relative_kv", "conditional", "none"]
+Kind = Literal["additive", "rotary", "bias", "query_bias", "channels", "relative_kv", "conditional", "none"]
 # How each kind enters a transformer (also the "acts on" column of the property table).
 ACTS_ON: dict[str, str] = {
     "additive": "embedding (added)",
     "rotary": "q, k",
     "bias": "attention logits",
     "query_bias": "attention logits (from q)",
+    "channels": "q, k (channels appended: a bias inside fused attention)",
     "relative_kv": "q.k and value sum",
     "conditional": "tokens after a block (conv on the grid)",
     "none": "-",
@@ -36,6 +37,7 @@ CONTEXT: dict[str, str] = {
     "train_grid": "the (H, W) patch grid of the training resolution (2D)",
     "num_prefix_tokens": "prefix tokens (cls, distillation, registers) the scheme gives entries of their own (2D): "
     "those timm's pos_embed covers (additive schemes), all of them (attention schemes)",
+    "width": "the token width the attention takes (schemes computing from the attention's input)",
     "causal": "whether attention is causal (1D)",
     "layer": "the index of the layer an instance serves (per-layer schemes whose form changes with depth)",
     "depth": "the number of layers the instances of a per-layer scheme serve",

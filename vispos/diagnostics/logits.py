@@ -61,6 +61,8 @@ def scheme_logits(
     - bias: the bias itself (the position part); with ``q``, ``k`` also the content logit q . k * scale.
     - relative_kv (Shaw): ``q`` required; q . a(q' - p) * scale, plus q . k * scale when ``k`` is given.
     - query_bias (decomposed2d): ``q`` required; its bias at q (unscaled), plus q . k * scale when ``k`` is given.
+    - channels (pape2d): its bias for the attention's input ``content`` [C] at every position (default zero),
+      times ``scale`` (default 1 / sqrt of the scheme's head width), plus q . k * scale when ``q``, ``k`` are given.
     - additive: projections ``wq``, ``wk`` [heads, C, head_dim]; tokens x_p = content + PE_p
       (``content`` [C], default zero: the position-only part PE_p W_q . PE_q' W_k), logits x_p W_q . x_q' W_k * scale.
     - conditional (2D): as additive, with tokens x_p = the scheme applied to ``content`` at every position
@@ -111,6 +113,11 @@ def scheme_logits(
         qr, kr = out.rotate(qs, ks)
         return (qr @ kr.transpose(-2, -1))[0] * scale
     content_part = _content_logits(q, k, n, scale) if q is not None and k is not None else None
+    if info.kind == "channels":  # the inputs: ``content`` [C] at every position (default zero)
+        x = out.points.new_zeros(1, n, out.width) if content is None else content.to(device).expand(1, n, -1)
+        scale = encoding.dim**-0.5 if scale is None else scale
+        logits = out.bind(x.float()).bias()[0] * scale
+        return logits if content_part is None else logits + content_part
     if info.kind == "bias":
         return out.float() if content_part is None else out.float() + content_part
     if info.kind == "query_bias":  # q at every position, before the logit scale (as the model adds it)

@@ -50,7 +50,7 @@ class SchemeReport:
 
 def _display_order(name: str) -> tuple[int, str]:
     """Absolute tables first, then rotary, then biases, then conditional schemes, then nope."""
-    kinds = ("additive", "rotary", "bias", "query_bias", "relative_kv", "conditional", "none")
+    kinds = ("additive", "rotary", "bias", "query_bias", "channels", "relative_kv", "conditional", "none")
     return kinds.index(get_info(name, ndim=2).kind), name
 
 

@@ -7,7 +7,7 @@ schemes) when ``vispos`` is. The contract:
   ``@register(name, ndim=..., kind=..., ...)`` from ``vispos.registry``: its properties as data
   (kind, trainable, relative, extrapolation, summary, reference).
 - ``context=`` names the constructor arguments a host fills in (``vispos.registry.CONTEXT``: ``dim``,
-  ``num_heads``, ``train_grid``, ``num_prefix_tokens``, ``causal``); every other argument is a user
+  ``num_heads``, ``train_grid``, ``num_prefix_tokens``, ``causal``, ``width``...); every other argument is a user
   option with a default. Hosts refuse user values for the context.
 - ``forward`` by dimension and kind (2D takes ``(grid, device)``, 1D takes ``positions``):
 
@@ -17,6 +17,7 @@ schemes) when ``vispos`` is. The contract:
   | rotary | ``Rotary`` (cos/sin [(heads,) N, head_dim] in fp32) |
   | bias | additive logits [heads, N, N] (1D may add a batch dim) |
   | query_bias | ``QueryBias`` (2D: ``logits(q)`` -> additive logits [B, heads, N, N] from the queries) |
+  | channels | 2D: ``bind(inputs)`` takes the attention's input, then ``rotate(q, k)`` widens q and k |
   | relative_kv | ``ShawTables`` |
   | conditional | 2D: ``forward(x [B, P + H*W, dim], grid, num_prefix_tokens, tokens)``, the tokens transformed |
   | none | None |

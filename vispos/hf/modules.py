@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..attention import as_float_mask, combine_masks, flex_bias_attention, query_mask, sdpa
+from ..attention import as_float_mask, combine_masks, flex_bias_attention, query_mask, sdpa, widened
 from ..positions import PositionContext, Positions
 from .families import FAMILIES, naflex_layout, patch_conv, token_grid
 
@@ -171,7 +171,7 @@ class PatchedAttention:
             q = q * ctx.logit_scale if ctx.logit_scale != 1.0 else q
             out, weights = flex_bias_attention(q.contiguous(), k, v, flex, scale=scaling).transpose(1, 2), None
         else:
-            rotary, mask = ctx.layer(self.vispos_layer)
+            rotary, mask = ctx.layer(self.vispos_layer, inputs=hidden_states)
             if rotary is not None:
                 q, k = rotary.rotate(q, k)
             mask = query_mask(mask, q)
@@ -189,8 +189,9 @@ class PatchedAttention:
                 out = out.transpose(1, 2)
             else:
                 attend = _attention_function(self, impl)
-                out, weights = attend(self, q, k, v, mask, dropout=dropout, scaling=scaling * ctx.logit_scale,
-                                      **kwargs)  # fmt: skip
+                out, weights = attend(self, q, k, widened(v, q), mask, dropout=dropout,
+                                      scaling=scaling * ctx.logit_scale, **kwargs)  # fmt: skip
+                out = out[..., : self.head_dim]  # [B, N, heads, head_dim]: a widened v's zero channels dropped
         out = out.reshape(b, n, -1).contiguous()
         proj = self.o_proj if hasattr(self, "o_proj") else self.out_proj
         return proj(out), weights

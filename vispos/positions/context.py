@@ -35,7 +35,7 @@ class PositionContext:
     shared_cast: torch.Tensor | None = None  # ``shared`` (a bias mask) in the attention's dtype, cast once
 
     def layer(
-        self, index: int, dtype: torch.dtype | None = None
+        self, index: int, dtype: torch.dtype | None = None, inputs: torch.Tensor | None = None
     ) -> tuple[Rotary | QueryScaled | None, torch.Tensor | None]:
         """(rotation: cos/sin [(heads,) N, d] or None, additive mask [1, heads, N, N] or the caller's mask; a
         query-dependent bias comes as a ``QueryBias`` in the mask's place, ``query_mask`` gives its mask).
@@ -43,8 +43,10 @@ class PositionContext:
         masks [B, heads or 1, M, M]; a per-token logit scale comes as a ``QueryScaled`` rotation.
         ``dtype``: q's, where the caller knows it (bf16 under autocast): a bias mask that needs no gradient is
         then made in it (gathered from values cast first; a shared mask cast once per forward), so that SDPA's
-        cast to q's dtype is not one more pass over every mask. The same values as casting the fp32 mask."""
-        return self.positions.layer(self, index, dtype)
+        cast to q's dtype is not one more pass over every mask. The same values as casting the fp32 mask.
+        ``inputs`` [B, N, C]: the attention's input, which a scheme of channels computes from (pape2d: its
+        ``ParabolaChannels`` comes in the rotation's place, ``rotate(q, k)`` appends them)."""
+        return self.positions.layer(self, index, dtype, inputs)
 
     def flex(self, index: int) -> FlexBias | None:
         """Layer ``index``'s relative bias as FlexAttention takes it (a score_mod reading the bias per offset,

@@ -34,7 +34,7 @@ class LayerOutputs:
         grid, device, tokens = ctx.grid, ctx.device, ctx.tokens
         if ctx.ragged is not None:
             return self._gathered(module, ctx)
-        if self.attention_kind in ("rotary", "query_bias"):  # a rotation, or a bias awaiting the queries
+        if self.attention_kind in ("rotary", "query_bias", "channels"):  # awaiting the queries (or the inputs)
             out = module(grid, device).with_prefix(self.num_prefix_tokens)
             return out if tokens is None else out.take(tokens)
         if ctx.bias_index is not None:  # [P + HW, P + HW], or the subset's [B, M, M]
@@ -53,6 +53,8 @@ class LayerOutputs:
         T, d] from one table of every size's rows, bias masks [B, heads, T, T] from one table of every size's
         per-offset values (``ctx.bias_index``)."""
         layout, p = ctx.ragged, self.num_prefix_tokens
+        if self.attention_kind == "channels":  # each token's own point: its image's grid, prefix tokens at (0, 0)
+            return module.ragged(layout.yx, layout.hw, layout.prefix)
         if layout.fractional:  # at each token's point (``RaggedLayout.points``), not at every cell
             if self.attention_kind == "rotary":
                 rows = [
@@ -101,12 +103,14 @@ class LayerOutputs:
         return self.attention[index] if self._per_layer else self.attention
 
     def layer(
-        self, ctx: PositionContext, index: int, dtype: torch.dtype | None = None
+        self, ctx: PositionContext, index: int, dtype: torch.dtype | None = None, inputs: torch.Tensor | None = None
     ) -> tuple[Rotary | QueryScaled | None, torch.Tensor | None]:
         """Layer ``index``'s rotation and additive mask (prefix tokens included); with a per-token logit scale
         (``ctx.query_scale``), the rotation is a ``QueryScaled`` that also scales q. ``dtype``: q's, where the
-        caller knows it (``PositionContext.layer``)."""
+        caller knows it (``PositionContext.layer``); ``inputs``: the attention's input, which channels take."""
         rotary, mask = self._layer(ctx, index, dtype)
+        if self.attention_kind == "channels" and rotary is not None:
+            rotary = rotary.bind(inputs, ctx.logit_scale if ctx.query_scale is None else ctx.query_scale)
         return (rotary, mask) if ctx.query_scale is None else (QueryScaled(rotary, ctx.query_scale), mask)
 
     def _stacked(self, ctx: PositionContext) -> Rotary | None:
@@ -133,7 +137,7 @@ class LayerOutputs:
             out = out if ctx.tokens is None else out.take(ctx.tokens)
         else:
             out = self._combined(self._prefixed(self._module(index), ctx, dtype), ctx.user_mask)
-        return (out, ctx.user_mask) if self.attention_kind == "rotary" else (None, out)
+        return (out, ctx.user_mask) if self.attention_kind in ("rotary", "channels") else (None, out)
 
     @staticmethod
     def _shared_as(ctx: PositionContext, dtype: torch.dtype | None) -> Rotary | torch.Tensor:
@@ -175,4 +179,4 @@ class LayerOutputs:
         """A bias mask plus the caller's mask (a rotation is returned as it is)."""
         if self.attention_kind == "query_bias":
             return out.plus(user)
-        return out if self.attention_kind == "rotary" else combine_masks(out, user)
+        return out if self.attention_kind in ("rotary", "channels") else combine_masks(out, user)

@@ -86,7 +86,7 @@ class PatchedAttention(torch.nn.Module):
         require_context(attn_mask)
         attn_mask.check_tokens(x)
         q, k, v = self.project_normed(x)
-        rotary, mask = attn_mask.layer(self.layer_idx, q.dtype)  # a mask in q's dtype: SDPA casts it to that
+        rotary, mask = attn_mask.layer(self.layer_idx, q.dtype, x)  # a mask in q's dtype: SDPA casts it to that
         if rotary is not None:
             q, k = rotary.rotate(q, k)
         return q, k, v, self.scale * attn_mask.logit_scale, query_mask(mask, q)

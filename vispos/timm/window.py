@@ -146,7 +146,7 @@ class PatchedWindowAttention(nn.Module):
         ctx.check_tokens(x)
         b, n, _ = x.shape
         q, k, v = self.project(x)
-        rotary, bias = ctx.layer(self.layer_idx)
+        rotary, bias = ctx.layer(self.layer_idx, inputs=x)
         if rotary is not None:
             q, k = rotary.rotate(q, k)
         bias = query_mask(bias, q)  # decomposed2d: from each window's queries, before cosine attention's norm
