@@ -15,7 +15,10 @@ against themselves with their positional module removed. ``string2d (folded)``: 
 interleaved (each round times every configuration once) and ratios use per-round medians, so machine
 noise hits all rows alike. Each ratio comes with a 95 % bootstrap interval over the rounds; the control
 row (the unpatched model timed again as a second configuration) shows what the machine's noise alone
-gives, so a row's ratio is resolved when its interval clears the control's.
+gives. Each row against a baseline with a control also gets its ratio minus the control's, per round
+((t_row - t_control) / t_baseline: the noise the two share cancels), with its own 95 % interval: the row is
+resolved when that interval leaves out 0, and the summary under the table names the smallest difference the
+run resolved (``resolution``).
 
 Windowed and BEiT hosts, where vispos inherits the model's own relative bias (``vispos.patch(model,
 "relbias2d")``, ``inherit=True``): timm's Swin-T (``swin_tiny_patch4_window7_224``, its per-window tables as
@@ -59,6 +62,33 @@ def interval(ratios: list[float], resamples: int = 2000, seed: int = 0) -> tuple
     rng = random.Random(seed)
     medians = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(resamples))
     return medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
+
+
+def control_of(configs: dict[str, tuple[str, object]]) -> dict[str, str]:
+    """baseline label -> the label of its control row (the baseline timed again, ``control: ...``)."""
+    return {base: label for label, (base, _) in configs.items() if label.startswith("control:")}
+
+
+def minus_control(row: list[float], control: list[float], base: list[float]) -> tuple[float, tuple[float, float]]:
+    """The median over rounds of (t_row - t_control) / t_baseline, and its 95 % bootstrap interval."""
+    differences = [(t - c) / b for t, c, b in zip(row, control, base, strict=True)]
+    return statistics.median(differences), interval(differences)
+
+
+def resolution(results: dict[str, dict], kind: str) -> str:
+    """One line on what a run resolved for ``kind`` (fwd or fwd+bwd): the smallest difference from the control
+    whose interval leaves out 0, and how many rows stay within the noise."""
+    resolved, unresolved = [], []
+    for label, row in results.items():
+        if f"{kind} minus control" not in row:
+            continue
+        low, high = row[f"{kind} minus control 95% interval"]
+        (resolved if low > 0 or high < 0 else unresolved).append((abs(row[f"{kind} minus control"]), label))
+    if not resolved:
+        return f"{kind}: no row resolved from its control ({len(unresolved)} within the noise)"
+    size, label = min(resolved)
+    return (f"{kind}: {len(resolved)} row(s) resolved from the control, the smallest difference {size:.3f} ({label}); "
+            f"{len(unresolved)} within the noise")  # fmt: skip
 
 
 def _without_timm_positions(name: str) -> nn.Module:
@@ -203,6 +233,7 @@ def run(
             times[label]["fwd"].append(_time(forward(m), device))
             times[label]["fwd+bwd"].append(_time(train_step(m), device))
     results = {}
+    controls = control_of(configs)
     for label, (base, _) in configs.items():
         steps = {"fwd": forward(models[label]), "fwd+bwd": train_step(models[label])}
         kernels = {kind: sdpa_kernels(step) for kind, step in steps.items()}
@@ -213,25 +244,38 @@ def run(
                 ratios = [t / b for t, b in zip(times[label][kind], times[base][kind], strict=True)]
                 row[f"{kind} ratio"] = statistics.median(ratios)
                 row[f"{kind} ratio 95% interval"] = interval(ratios)
+            control = controls.get(base)
+            if base and control is not None and control != label:
+                diff, bounds = minus_control(times[label][kind], times[control][kind], times[base][kind])
+                row[f"{kind} minus control"], row[f"{kind} minus control 95% interval"] = diff, bounds
         results[label] = row
     return results
 
 
 def table(results: dict[str, dict[str, float]]) -> str:
     lines = [
-        "| configuration | fwd ms | fwd ratio [95 % interval] | fwd+bwd ms | fwd+bwd ratio [95 % interval] "
-        "| SDPA kernel (fwd / training) |",
-        "| --- | ---: | ---: | ---: | ---: | --- |",
+        "| configuration | fwd ms | fwd ratio [95 % interval] | fwd minus control [95 %] | fwd+bwd ms "
+        "| fwd+bwd ratio [95 % interval] | fwd+bwd minus control [95 %] | SDPA kernel (fwd / training) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
+
     def shown(row: dict, kind: str) -> str:
         if f"{kind} ratio" not in row:
             return "1 (baseline)"
         low, high = row[f"{kind} ratio 95% interval"]
         return f"{row[f'{kind} ratio']:.3f} [{low:.3f}, {high:.3f}]"
 
+    def difference(row: dict, kind: str) -> str:
+        if f"{kind} minus control" not in row:
+            return ""
+        low, high = row[f"{kind} minus control 95% interval"]
+        mark = " *" if low > 0 or high < 0 else ""  # resolved: the interval leaves out 0
+        return f"{row[f'{kind} minus control']:+.3f} [{low:+.3f}, {high:+.3f}]{mark}"
+
     for label, row in results.items():
-        ratio = {f"{k} ratio": shown(row, k) for k in ("fwd", "fwd+bwd")}
-        cells = [label, f"{row['fwd ms']:.1f}", ratio["fwd ratio"], f"{row['fwd+bwd ms']:.1f}", ratio["fwd+bwd ratio"]]
+        cells = [label]
+        for kind in ("fwd", "fwd+bwd"):
+            cells += [f"{row[f'{kind} ms']:.1f}", shown(row, kind), difference(row, kind)]
         lines.append("| " + " | ".join([*cells, f"{row['fwd kernel']} / {row['fwd+bwd kernel']}"]) + " |")
     return "\n".join(lines)
 
@@ -256,6 +300,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{MODEL} (and each row's own model) at 224 px, batch {args.batch}, fp32, {device.type}, "
           f"{args.reps} interleaved rounds (forward under torch.inference_mode; training step = forward + backward)")
     print(table(results))
+    print("* resolved: the interval of the difference from the control leaves out 0")
+    for kind in ("fwd", "fwd+bwd"):
+        print(resolution(results, kind))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": device.type, "batch": args.batch, "reps": args.reps, "results": results}, f, indent=2)

@@ -12,7 +12,17 @@ import pytest
 import torch
 
 import vispos
-from benchmarks.patch_overhead import CONTROL, INHERITED_HOSTS, MODEL, configurations, inherited_label, interval
+from benchmarks.patch_overhead import (
+    CONTROL,
+    INHERITED_HOSTS,
+    MODEL,
+    configurations,
+    control_of,
+    inherited_label,
+    interval,
+    minus_control,
+    resolution,
+)
 
 
 def test_the_interval_holds_the_median_and_narrows_with_more_rounds() -> None:
@@ -34,6 +44,35 @@ def test_a_constant_ratio_has_no_width_and_the_control_row_is_the_unpatched_mode
     configs = configurations(["rope2d"])
     baseline, _ = configs[CONTROL]
     assert baseline == configs["vispos rope2d"][0]  # measured against the same baseline as every scheme
+
+
+def test_noise_shared_by_a_row_and_its_control_cancels_in_their_difference() -> None:
+    """Rounds whose machine speed swings by +-20 % hit the row and the control alike: their ratios to the
+    baseline spread, their difference does not, so a 2 % cost is resolved (interval without 0) and a row equal to
+    the control is not."""
+    rng = random.Random(5)
+    base, control, costly, same = [], [], [], []
+    for _ in range(16):
+        speed = 1 + rng.uniform(-0.2, 0.2)  # the round's machine state, shared by the interleaved rows
+        base.append(speed * (1 + rng.gauss(0, 0.002)))
+        control.append(speed * (1 + rng.gauss(0, 0.002)))
+        costly.append(speed * (1.02 + rng.gauss(0, 0.002)))
+        same.append(speed * (1 + rng.gauss(0, 0.002)))
+    diff, (low, high) = minus_control(costly, control, base)
+    assert 0 < low <= diff <= high and abs(diff - 0.02) < 0.005
+    diff, (low, high) = minus_control(same, control, base)
+    assert low < 0 < high
+    results = {
+        "vispos costly": {"fwd minus control": 0.02, "fwd minus control 95% interval": (0.015, 0.025)},
+        "vispos cheap": {"fwd minus control": 0.05, "fwd minus control 95% interval": (0.04, 0.06)},
+        "vispos same": {"fwd minus control": 0.001, "fwd minus control 95% interval": (-0.01, 0.012)},
+        "timm baseline": {},
+    }
+    assert resolution(results, "fwd") == (
+        "fwd: 2 row(s) resolved from the control, the smallest difference 0.020 (vispos costly); 1 within the noise"
+    )
+    assert resolution({}, "fwd+bwd") == "fwd+bwd: no row resolved from its control (0 within the noise)"
+    assert control_of(configurations(["rope2d"])) == {f"timm {MODEL}": CONTROL}
 
 
 def test_the_inherited_host_rows_are_in_the_default_list_against_timms_own_model() -> None:
