@@ -77,6 +77,7 @@ BAD: dict[str, list[object]] = {
     "output": CHOICE,
     "distance": CHOICE,
     "method": CHOICE,
+    "bands": CHOICE,
     "on": [*CHOICE, "q", "v", "qk", "qkv"],  # irpe2d: the keys only
     "fill": CHOICE,
     # flags

@@ -21,6 +21,8 @@ from .coords2d import AXES, COORDS, NORMALIZE, CoordAugment, frame_coords, grid_
 from .rope import LAYOUTS, Rotary, expand_angles, rope_angles, saved_scaling
 from .rope_scaling import RopeScaling, as_scaling, check_scaling_dim, rope_inv_freq, scaled_inv_freq
 
+BANDS = ("shared", "alternate")  # both axes on the same frequencies, or alternate ones of one RoPE (Pixtral)
+
 # RoPE-Mixed evaluates all layers in one product up to this many elements per cos / sin tensor (8 MiB in fp32:
 # ViT-S and ViT-B at 224 px stack; larger grids take one layer's rotation at a time, so that a forward holds one
 # layer's tables, not depth x them with the angles and prefixed copies beside)
@@ -50,7 +52,10 @@ class Rope2d(nn.Module):
       reference grid, EVA-02) or ``normalized`` (DINOv3: patch centres in [-1, 1] per axis, see
       ``normalize``; angles are 2 pi x coordinate / period).
     - frequencies: theta ** (-4j / dim) per axis (``theta``), or periods spaced geometrically from
-      ``min_period`` to ``max_period`` (DINOv3's alternative; both or neither).
+      ``min_period`` to ``max_period`` (DINOv3's alternative; both or neither). ``bands="alternate"``
+      (Pixtral): the axes share out one RoPE over the whole head, theta ** (-2i / dim), the first axis taking
+      its even i (theta ** (-4j / dim)), the second its odd i (theta ** (-(4j + 2) / dim)); a scaling then
+      acts on that RoPE (per axis, at the axis's size).
     - ``shift_coords``, ``jitter_coords``, ``rescale_coords``: DINOv3's coordinate augmentation
       (``CoordAugment``), drawn once per forward in training mode only. DINOv3 trains with
       ``coords="normalized", rescale_coords=2.0``.
@@ -75,6 +80,7 @@ class Rope2d(nn.Module):
         offset: float = 0.0,
         normalize: str = "separate",
         ref_grid: tuple[int, int] | None = None,
+        bands: str = "shared",
         min_period: float | None = None,
         max_period: float | None = None,
         shift_coords: float | None = None,
@@ -94,8 +100,11 @@ class Rope2d(nn.Module):
         self.ref_grid = None if ref_grid is None else check_grid(ref_grid, "ref_grid")
         if self.ref_grid is not None and self.coords != "pixel":
             raise ValueError("ref_grid applies to coords='pixel'; normalized coordinates already span [-1, 1]")
+        self.bands = check_choice("bands", bands, BANDS)
         if (min_period is None) != (max_period is None):
             raise ValueError("give both min_period and max_period (DINOv3's periods), or neither (theta)")
+        if min_period is not None and self.bands != "shared":
+            raise ValueError("bands='alternate' shares out theta's frequencies; min_period / max_period give their own")
         self.periods = None
         if min_period is not None:
             lo = check_float("min_period", min_period, positive=True)
@@ -129,7 +138,7 @@ class Rope2d(nn.Module):
                 raise ValueError("rope2d reads each axis's original length from train_grid=(H, W), not original_length")
         h0, w0 = train_grid if train_grid is not None else (None, None)
         scaling = as_scaling(scaling, original_length=h0, **options)
-        check_scaling_dim(scaling, self.dim // 2)  # per axis
+        check_scaling_dim(scaling, self.dim // 2 if self.bands == "shared" else self.dim)  # per axis, or the head
         self.train_grid = train_grid
         self.scaling_y = None if scaling is None else replace(scaling, original_length=h0)
         self.scaling_x = None if scaling is None else replace(scaling, original_length=w0)
@@ -162,7 +171,12 @@ class Rope2d(nn.Module):
         tokens on that axis."""
         if self.periods is not None:
             return period_inv_freq(self.dim // 2, *self.periods), 1.0
-        return scaled_inv_freq(self.dim // 2, self.theta, scaling, length, span=self.span(scaling, axis))
+        span = self.span(scaling, axis)
+        if self.bands == "shared":
+            return scaled_inv_freq(self.dim // 2, self.theta, scaling, length, span=span)
+        whole, factor = scaled_inv_freq(self.dim, self.theta, scaling, length, span=span)  # [dim / 2]: the head's
+        first = (axis == 0) == (self.axes == "yx")  # this axis takes the first half of the pairs
+        return whole[0::2] if first else whole[1::2], factor
 
     def span(self, scaling: RopeScaling | None, axis: int) -> float | None:
         """The coordinate extent of the training grid along ``axis``, where YaRN and Llama 3 count rotations:
@@ -312,7 +326,7 @@ class Rope2dMixed(nn.Module):
 
 
 ROPE2D_DEFAULTS: dict[str, object] = {"theta": 100.0, "coords": "pixel", "layout": "half", "axes": "xy",
-    "offset": 0.0, "normalize": "separate", "ref_grid": None, "periods": None}  # fmt: skip
+    "offset": 0.0, "normalize": "separate", "ref_grid": None, "bands": "shared", "periods": None}  # fmt: skip
 MIXED_DEFAULTS: dict[str, object] = {"theta": 10.0, "coords": "pixel", "layout": "half", "offset": 0.0}
 
 

@@ -6,6 +6,8 @@ model is patched; transformers is not a dependency of vispos itself).
 - ``modules.py``: the patched classes of the host model, its embeddings, its attentions (and DINOv3's
   ``rope_embeddings``), made once per transformers class and found again by pickle.
 - ``patching.py``: ``patch``.
+- ``towers.py``: the vision towers of vision-language models (Pixtral's encoder, alone or in its VLM), patched
+  around transformers' own forward, and those refused by name.
 - ``loading.py``: ``from_pretrained``, which builds a saved model with the constructor options it was saved with.
 
 Supported transformers: 5.18 and newer (``make test`` runs the newest release, ``make test-hf-min`` the
@@ -27,6 +29,9 @@ What the adapter touches in transformers:
   ``scale``, ``attention_dropout`` or ``dropout``, ``config``; the attention functions
   ``transformers.modeling_utils.ALL_ATTENTION_FUNCTIONS`` and each modeling module's
   ``eager_attention_forward``.
+- Pixtral's tower: ``patch_conv``, ``patch_size``, ``config`` (``image_size``, ``rope_parameters["rope_theta"]``),
+  ``patch_positional_embedding``, its ``forward(pixel_values, image_sizes, **kwargs)`` (the packed row: each
+  image's patches row-major, image after image), the layers' ``attention`` (``PixtralAttention``).
 - ``transformers.AutoConfig`` and the model classes named by ``config.architectures`` (``from_pretrained``): their
   constructors' parameters, and the state-dict entries of the optional parts of ``families.CONSTRUCTOR_OPTIONS``.
 """

@@ -12,7 +12,10 @@ given (transformers' classes are never modified; a CLIP text tower keeps its att
 - each attention: ``PatchedAttention`` projects as the original, applies the layer's rotation and bias and
   calls transformers' own attention function for ``config._attn_implementation`` (eager, sdpa, flex, flash),
   so ``output_attentions`` and the kernels behave as in transformers;
-- DINOv3's ``rope_embeddings``: ``NoRope`` (its RoPE is vispos's ``rope2d`` now).
+- DINOv3's ``rope_embeddings``, Pixtral's ``patch_positional_embedding``: ``NoRope`` (their RoPE is vispos's
+  ``rope2d`` now);
+- a VLM's vision tower (Pixtral): ``PatchedTower`` hands transformers' own forward the context of its packed
+  row (``towers.py``).
 
 A patched class is made once per (class, mixin) and found again by pickle by its name in this module.
 """
@@ -135,10 +138,66 @@ class PatchedEmbeddings:
 
 
 class NoRope:
-    """Mixin for DINOv3's ``rope_embeddings``: its rotation is vispos's now, so it computes nothing."""
+    """Mixin for DINOv3's ``rope_embeddings`` and Pixtral's ``patch_positional_embedding``: their rotation is
+    vispos's now, so they compute nothing."""
 
-    def forward(self, pixel_values: torch.Tensor) -> None:
+    def forward(self, *args: Any, **kwargs: Any) -> None:
         return None
+
+
+def packed_layout(image_sizes: Any, patch_size: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """Pixtral's packed row: (cells [1, T, 2] (y, x) of each token in its image, sizes [1, S, 2] each image's grid,
+    segments [1, T] its image), as its forward lays the tokens out."""
+    grids = [(int(h) // patch_size, int(w) // patch_size) for h, w in image_sizes]
+    cells, segments = [], []
+    for index, (h, w) in enumerate(grids):
+        yy, xx = torch.meshgrid(torch.arange(h, device=device), torch.arange(w, device=device), indexing="ij")
+        cells.append(torch.stack((yy.flatten(), xx.flatten()), dim=-1))
+        segments.append(torch.full((h * w,), index, device=device, dtype=torch.long))
+    sizes = torch.tensor(grids, device=device, dtype=torch.long)
+    return torch.cat(cells)[None], sizes[None], torch.cat(segments)[None]
+
+
+class PatchedTower:
+    """Mixin placed before the tower class: transformers' forward with the positions of ``self.vispos``."""
+
+    vispos: Positions
+
+    @property
+    def vispos_cfg(self) -> dict[str, Any]:
+        """The positional settings: schemes, options, training grid, and what ``vispos.configure`` set."""
+        return self.vispos.settings
+
+    def vispos_context(self, pixel_values: torch.Tensor, image_sizes: Any = None) -> PositionContext:
+        """The positions of the packed row the forward makes of ``pixel_values`` [B, C, H, W] and ``image_sizes``
+        [B, 2] (pixels; default: every image the full size)."""
+        if not isinstance(pixel_values, torch.Tensor) or pixel_values.dim() != 4:
+            got = tuple(pixel_values.shape) if isinstance(pixel_values, torch.Tensor) else type(pixel_values).__name__
+            raise ValueError(f"pixel_values must be an image batch [B, C, H, W], got {got}")
+        if image_sizes is None:
+            image_sizes = [tuple(pixel_values.shape[-2:])] * pixel_values.shape[0]
+        p = self.patch_size
+        too_small = [tuple(int(v) for v in s) for s in image_sizes if int(s[0]) < p or int(s[1]) < p]
+        if too_small:
+            raise ValueError(f"image sizes {too_small} hold no {p}x{p} patch")
+        cells, sizes, segments = packed_layout(image_sizes, p, pixel_values.device)
+        return self.vispos.ragged_context(cells, sizes, segments=segments)
+
+    def forward(self, pixel_values: torch.Tensor | None = None, image_sizes: Any = None, **kwargs: Any) -> Any:
+        if pixel_values is None:
+            raise ValueError("a vispos-patched model needs pixel_values")
+        ctx = self.vispos_context(pixel_values, image_sizes)
+        return super().forward(pixel_values, image_sizes, vispos_context=ctx, **kwargs)
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
+        """``nn.Module.load_state_dict``; with ``strict=False`` a checkpoint of other positions gives every weight
+        outside the positions and reports the positional entries it skipped."""
+        self.vispos.strict_loading = strict
+        try:
+            return super().load_state_dict(state_dict, strict=strict, assign=assign)
+        finally:
+            self.vispos.strict_loading = True
+
 
 
 class PatchedAttention:
@@ -218,7 +277,9 @@ def _eager_function(cls: type) -> Any:
     return sys.modules[base.__module__].eager_attention_forward
 
 
-MIXINS: dict[str, type] = {m.__name__: m for m in (PatchedHost, PatchedEmbeddings, PatchedAttention, NoRope)}
+MIXINS: dict[str, type] = {
+    m.__name__: m for m in (PatchedHost, PatchedEmbeddings, PatchedAttention, NoRope, PatchedTower)
+}
 _CLASSES: dict[tuple[type, type], type] = {}
 _PREFIX = "Patched["
 

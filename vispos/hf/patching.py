@@ -19,7 +19,8 @@ from .._validate import check_bool
 from ..host import HostShape, warn
 from ..positions import Positions
 from .families import FAMILIES, Family, attentions, find_host, own_rope, own_table, patch_conv, train_grid
-from .modules import FLASH_REFUSAL, NoRope, PatchedAttention, PatchedEmbeddings, PatchedHost, patched
+from .modules import FLASH_REFUSAL, NoRope, PatchedAttention, PatchedEmbeddings, PatchedHost, PatchedTower, patched
+from .towers import find_tower, patch_tower
 
 CONFIG_KEY = "vispos"  # model.config.vispos: what from_pretrained rebuilds a patched model from
 
@@ -35,6 +36,9 @@ def patch(
     DINOv3's RoPE as ``rope2d`` with its conventions (``docs/hf.md``). What is discarded or overridden is said
     with a ``PretrainedPositionsWarning``; ``inherit=False`` starts fresh silently."""
     check_bool("inherit", inherit)
+    found = find_tower(model)
+    if found is not None:  # a VLM's vision tower (Pixtral), alone or inside its VLM
+        return _patch_tower(model, *found, pos, inherit, options)
     tower, vision, family = find_host(model)
     if isinstance(vision, PatchedHost):
         raise ValueError(
@@ -76,6 +80,20 @@ def patch(
         _hook_conditional(vision, positions)
     vision.register_load_state_dict_pre_hook(_adopt_plain_checkpoint)
     model.config.__dict__[CONFIG_KEY] = {"tower": tower, **positions.settings, "train_grid": list(grid)}
+    return model
+
+
+def _patch_tower(model: nn.Module, name: str, tower: nn.Module, pos: Any, inherit: bool, options: dict) -> nn.Module:
+    if isinstance(tower, PatchedTower):
+        raise ValueError(
+            "this model is already patched by vispos; patch a fresh model instead (a patched model's weights "
+            "load into a freshly patched one with load_state_dict)"
+        )
+    positions = patch_tower(tower, pos, inherit, options)
+    _register_recorded_outputs(tower)
+    tower.register_load_state_dict_pre_hook(_adopt_plain_checkpoint)
+    model.config.__dict__[CONFIG_KEY] = {"tower": name, **positions.settings,
+                                         "train_grid": list(positions.train_grid)}  # fmt: skip
     return model
 
 
@@ -168,6 +186,8 @@ def _adopt_plain_checkpoint(vision: nn.Module, state_dict: dict[str, Any], prefi
     for name, module in positions.named_modules(prefix="vispos"):
         if type(module).get_extra_state is not nn.Module.get_extra_state:
             state_dict[f"{prefix}{name}._extra_state"] = module.get_extra_state()
+    if not hasattr(vision, "embeddings"):  # a VLM tower: no table of its own
+        return
     family = FAMILIES[vision.embeddings.vispos_family]
     if family.table is None:
         return
