@@ -26,8 +26,9 @@ fmnist:
 	  else sudo apt-get update -q && sudo apt-get install -y -q dataset-fashion-mnist; fi; \
 	fi
 
+# One pytest-xdist worker per core, each with its share of torch's threads (tests/conftest.py).
 test: $(VENV)/.installed fmnist
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto
 
 # The timm floor: the whole suite in a virtual environment layered on $(VENV) (same torch) with
 # timm==$(TIMM_MIN) of its own; nothing to do when $(VENV) has that timm already (make test ran at the floor).
@@ -38,7 +39,7 @@ test-min: $(VENV)/.installed fmnist
 	  .ci/layered-venv $(VENV)-min $(PY) && \
 	  $(VENV)-min/bin/python -m pip install --quiet "timm==$(TIMM_MIN)" && \
 	  $(VENV)-min/bin/python -c "import timm; assert timm.__version__ == '$(TIMM_MIN)', timm.__version__" && \
-	  $(VENV)-min/bin/python -m pytest -q -p no:cacheprovider; \
+	  $(VENV)-min/bin/python -m pytest -q -n auto -p no:cacheprovider; \
 	fi
 
 # The transformers floor: the adapter's tests in a virtual environment layered on $(VENV) with
@@ -47,7 +48,7 @@ test-hf-min: $(VENV)/.installed
 	.ci/layered-venv $(VENV)-hf-min $(PY)
 	$(VENV)-hf-min/bin/python -m pip install --quiet "transformers==$(TRANSFORMERS_MIN)"
 	$(VENV)-hf-min/bin/python -c "import transformers as t; assert t.__version__.startswith('$(TRANSFORMERS_MIN).'), t.__version__"
-	$(VENV)-hf-min/bin/python -m pytest -q -p no:cacheprovider tests/test_hf_*.py
+	$(VENV)-hf-min/bin/python -m pytest -q -n auto -p no:cacheprovider tests/test_hf_*.py
 
 # The wheel holds vispos only, and README's quick start runs from it in a clean environment (torch reused).
 wheel-check: $(VENV)/.installed
