@@ -1,8 +1,9 @@
-"""VLM vision towers in transformers: Pixtral's encoder, alone and inside a Llava model. Tiny random configs.
+"""VLM vision towers in transformers: Pixtral's encoder (alone and inside a Llava model) and Qwen2-VL's (alone and
+inside its VLM). Tiny random configs.
 
-Pixtral packs a batch into one row, each image at its own size (``image_sizes``): the patched tower must give the
+Both pack a batch into one sequence, each image (or video frame) at its own size: the patched tower must give the
 unpatched tower's outputs with its RoPE inherited, every image what it gets alone with any other scheme, and the
-inherited RoPE scaled per axis as Pixtral's own RoPE would be at scaled positions."""
+inherited RoPE scaled per axis as the tower's own RoPE would be at scaled positions."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from vispos.positions import Positions
 tf = pytest.importorskip("transformers")
 
 from transformers.models.pixtral import modeling_pixtral  # noqa: E402
+from transformers.models.qwen2_vl import modeling_qwen2_vl  # noqa: E402
 
 SIZES = torch.tensor([[48, 64], [32, 40], [16, 24]])  # pixels: 6x8, 4x5 and 2x3 patches of 8
 PATCH = 8
@@ -143,18 +145,126 @@ def test_save_pretrained_and_from_pretrained_give_the_same_outputs(tmp_path) -> 
     torch.testing.assert_close(run(copied, x), run(model, x), rtol=1e-5, atol=1e-5)
 
 
+# --- Qwen2-VL: pre-cut patches [T, 3 * 2 * 4 * 4] in 2 x 2 merge blocks, grid_thw (frames, rows, columns) ---------
+GRID_THW = torch.tensor([[1, 4, 6], [2, 2, 4], [1, 6, 2]])  # two images and a two-frame video
+
+
+def qwen(attn: str = "sdpa") -> torch.nn.Module:
+    torch.manual_seed(0)
+    config = tf.Qwen2VLVisionConfig(depth=2, embed_dim=64, hidden_size=32, num_heads=4, patch_size=4,
+                                    spatial_merge_size=2, temporal_patch_size=2, mlp_ratio=2)  # fmt: skip
+    config._attn_implementation = attn
+    model = modeling_qwen2_vl.Qwen2VisionTransformerPretrainedModel._from_config(config).eval()
+    with torch.no_grad():  # sharper attention than the random init's
+        for block in model.blocks:
+            block.attn.qkv.weight.mul_(4.0)
+    return model
+
+
+def patches(grid_thw: torch.Tensor = GRID_THW, seed: int = 3) -> torch.Tensor:
+    tokens = int((grid_thw[:, 0] * grid_thw[:, 1] * grid_thw[:, 2]).sum())
+    return torch.randn(tokens, 3 * 2 * 4 * 4, generator=torch.Generator().manual_seed(seed))
+
+
+def run_qwen(model: torch.nn.Module, x: torch.Tensor, grid_thw: torch.Tensor = GRID_THW) -> torch.Tensor:
+    with torch.no_grad():
+        return model(x, grid_thw=grid_thw).last_hidden_state  # [T, C]
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_qwen2_vl_inherited_rope_gives_the_towers_own_outputs(attn: str) -> None:
+    model = qwen(attn)
+    x = patches()
+    with torch.no_grad():
+        expected = model(x, grid_thw=GRID_THW)
+        vispos.patch(model, "rope2d")
+        got = model(x, grid_thw=GRID_THW)
+    assert model.vispos.settings["inherited"] == {"from": "transformers Qwen2VisionTransformerPretrainedModel"}
+    torch.testing.assert_close(got.last_hidden_state, expected.last_hidden_state, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got.pooler_output, expected.pooler_output, rtol=1e-5, atol=1e-5)  # the merger's
+
+
+@pytest.mark.parametrize("scheme", ["rope2d_mixed", "alibi2d", "pape2d"])
+def test_qwen2_vl_every_frame_gets_what_it_gets_alone(scheme: str) -> None:
+    model = vispos.patch(qwen(), scheme, inherit=False)
+    with torch.no_grad():
+        for p in model.vispos.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    x = patches()
+    packed = run_qwen(model, x)
+    start = 0
+    for t, h, w in GRID_THW.tolist():
+        for _ in range(t):  # each frame alone: one image of its size
+            frame = slice(start, start + h * w)
+            alone = run_qwen(model, x[frame], torch.tensor([[1, h, w]]))
+            torch.testing.assert_close(packed[frame], alone, rtol=1e-5, atol=1e-5)
+            start += h * w
+
+
+def test_qwen2_vl_linear_scaling_is_its_rope_at_scaled_positions(monkeypatch) -> None:
+    grid = torch.tensor([[1, 8, 6]])  # against a training grid of 4 x 4: factors 2 (rows) and 1.5 (columns)
+    x = patches(grid)
+    own = modeling_qwen2_vl.Qwen2VLVisionRotaryEmbedding.forward
+
+    def scaled(self, x, position_ids):  # noqa: ANN001, ANN202
+        return own(self, x, position_ids / torch.tensor([2.0, 1.5]))
+
+    monkeypatch.setattr(modeling_qwen2_vl.Qwen2VLVisionRotaryEmbedding, "forward", scaled)
+    expected = run_qwen(qwen(), x, grid)
+    monkeypatch.undo()
+    model = vispos.patch(qwen(), "rope2d")
+    plain = run_qwen(model, x, grid)
+    vispos.configure(model, scaling="linear", train_grid=(4, 4))
+    got = run_qwen(model, x, grid)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    assert (got - plain).abs().max() > 1e-2
+
+
+def test_qwen2_vl_inside_its_vlm_and_saved_and_loaded(tmp_path) -> None:
+    torch.manual_seed(0)
+    vision = tf.Qwen2VLVisionConfig(depth=2, embed_dim=64, hidden_size=32, num_heads=4, patch_size=4,
+                                    spatial_merge_size=2, temporal_patch_size=2, mlp_ratio=2)  # fmt: skip
+    rope = {"rope_type": "default", "mrope_section": [2, 2, 4], "rope_theta": 1e4}
+    text = tf.Qwen2VLTextConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                num_key_value_heads=1, vocab_size=64, rope_parameters=rope)  # fmt: skip
+    vlm = tf.Qwen2VLForConditionalGeneration(tf.Qwen2VLConfig(vision_config=vision, text_config=text)).eval()
+    language = {n: type(m) for n, m in vlm.model.language_model.named_modules()}
+    x = patches()
+    with torch.no_grad():
+        expected = vlm.model.get_image_features(pixel_values=x, image_grid_thw=GRID_THW)
+        vispos.patch(vlm, "rope2d")
+        got = vlm.model.get_image_features(pixel_values=x, image_grid_thw=GRID_THW)
+    for a, b in zip(getattr(got, "pooler_output", got), getattr(expected, "pooler_output", expected), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    assert {n: type(m) for n, m in vlm.model.language_model.named_modules()} == language
+    assert vlm.config.vispos["tower"] == "model.visual"
+    tower = vispos.patch(qwen(), "rope2d_mixed", inherit=False)
+    with torch.no_grad():
+        for p in tower.vispos.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    tower.save_pretrained(tmp_path)
+    loaded = vispos.hf.from_pretrained(tmp_path)
+    torch.testing.assert_close(run_qwen(loaded, x), run_qwen(tower, x), rtol=1e-5, atol=1e-5)
+
+
 def test_unsupported_schemes_and_towers_are_refused_by_name() -> None:
     with pytest.raises(ValueError, match="learned2d on PixtralVisionModel: the tower has no token table"):
         vispos.patch(pixtral(), ["learned2d", "rope2d"])
     model = vispos.patch(pixtral(), "rope2d")
     with pytest.raises(ValueError, match="already patched"):
         vispos.patch(model, "rope2d")
-    from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
 
-    config = tf.Qwen2VLVisionConfig(depth=1, embed_dim=32, hidden_size=32, num_heads=2, patch_size=4)
-    qwen = Qwen2VisionTransformerPretrainedModel._from_config(config)
-    with pytest.raises(TypeError, match=r"Qwen2-VL's vision encoder .* supported vision towers: PixtralVisionModel"):
-        vispos.patch(qwen, "rope2d")
+    config = tf.Qwen2_5_VLVisionConfig(depth=1, hidden_size=32, out_hidden_size=32, num_heads=2, patch_size=4,
+                                       intermediate_size=64)  # fmt: skip
+    tower = Qwen2_5_VisionTransformerPretrainedModel._from_config(config)
+    with pytest.raises(TypeError, match=r"Qwen2.5-VL's vision encoder .* supported vision towers: PixtralVisionModel, "
+                       "Qwen2VisionTransformerPretrainedModel"):  # fmt: skip
+        vispos.patch(tower, "rope2d")
+    with pytest.raises(ValueError, match=r"grid_thw must be a tensor \[N, 3\]"):
+        vispos.patch(qwen(), "rope2d")(patches(), grid_thw=torch.tensor([4, 6]))
+    with pytest.raises(ValueError, match="does not tile into 2 x 2 merge blocks"):
+        vispos.patch(qwen(), "rope2d")(patches(torch.tensor([[1, 3, 6]])), grid_thw=torch.tensor([[1, 3, 6]]))
 
 
 def test_a_discarded_rope_is_said() -> None:

@@ -9,6 +9,7 @@ positional weights, which must all be there.
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import json
 import warnings
@@ -45,7 +46,7 @@ def from_pretrained(path: str | Path, **kwargs: Any) -> nn.Module:
     state = _weights(path)
     attn = kwargs.pop("attn_implementation", None)
     config, unused = transformers.AutoConfig.from_pretrained(path, return_unused_kwargs=True, **kwargs)
-    cls = getattr(transformers, config.architectures[0])
+    cls = model_class(config)
     options = constructor_options(cls, unused, state.keys())
     if attn:
         options["attn_implementation"] = attn
@@ -53,6 +54,21 @@ def from_pretrained(path: str | Path, **kwargs: Any) -> nn.Module:
     patch(model, record["pos"], inherit=False, **record["options"])
     model.load_state_dict(_matched(model, state, path, record["pos"]), strict=True)
     return model.eval()
+
+
+def model_class(config: Any) -> type:
+    """The class ``config.architectures`` names: exported by transformers, or (a VLM's vision tower, such as
+    Qwen2-VL's) defined in the modeling module beside its configuration's."""
+    import transformers
+
+    name = config.architectures[0]
+    cls = getattr(transformers, name, None)
+    if cls is None:
+        modeling = type(config).__module__.replace(".configuration_", ".modeling_")
+        cls = getattr(importlib.import_module(modeling), name, None)
+    if cls is None:
+        raise ValueError(f"transformers has no model class {name!r} (the architecture this checkpoint's config names)")
+    return cls
 
 
 def constructor_options(cls: type, given: dict[str, Any], keys: Iterable[str]) -> dict[str, Any]:

@@ -14,8 +14,9 @@ given (transformers' classes are never modified; a CLIP text tower keeps its att
   so ``output_attentions`` and the kernels behave as in transformers;
 - DINOv3's ``rope_embeddings``, Pixtral's ``patch_positional_embedding``: ``NoRope`` (their RoPE is vispos's
   ``rope2d`` now);
-- a VLM's vision tower (Pixtral): ``PatchedTower`` hands transformers' own forward the context of its packed
-  row (``towers.py``).
+- a VLM's vision tower: ``PatchedTower`` (Pixtral) and ``PatchedMergedTower`` (Qwen2-VL) hand transformers' own
+  forward the context of its packed sequence, ``PatchedPackedAttention`` is Qwen2-VL's attention over it
+  (``towers.py``).
 
 A patched class is made once per (class, mixin) and found again by pickle by its name in this module.
 """
@@ -200,6 +201,64 @@ class PatchedTower:
 
 
 
+def merged_layout(grid_thw: torch.Tensor, merge: int) -> tuple[torch.Tensor, ...]:
+    """Qwen2-VL's sequence: (cells [1, T, 2] (y, x) of each token in its frame, sizes [1, S, 2] each frame's grid,
+    segments [1, T] its frame), frames in turn, each frame's patches in merge x merge blocks as its forward has
+    them (the blocks row-major, each block row-major)."""
+    if not isinstance(grid_thw, torch.Tensor) or grid_thw.dim() != 2 or grid_thw.shape[1] != 3:
+        raise ValueError(f"grid_thw must be a tensor [N, 3] of (frames, rows, columns), got {grid_thw!r}")
+    device = grid_thw.device
+    cells, sizes, segments = [], [], []
+    for t, h, w in grid_thw.tolist():
+        if h % merge or w % merge:
+            raise ValueError(f"a grid of {h} x {w} patches does not tile into {merge} x {merge} merge blocks")
+        yy, xx = torch.meshgrid(torch.arange(h, device=device), torch.arange(w, device=device), indexing="ij")
+        blocks = (h // merge, merge, w // merge, merge)
+        frame = torch.stack([a.reshape(blocks).transpose(1, 2).flatten() for a in (yy, xx)], dim=-1)  # [h w, 2]
+        for _ in range(t):
+            segments.append(torch.full((h * w,), len(sizes), device=device, dtype=torch.long))
+            cells.append(frame)
+            sizes.append((h, w))
+    return torch.cat(cells)[None], torch.tensor(sizes, device=device)[None], torch.cat(segments)[None]
+
+
+class PatchedMergedTower(PatchedTower):
+    """Mixin placed before Qwen2-VL's vision tower class: transformers' forward with the positions of
+    ``self.vispos`` (``towers.py``)."""
+
+    def vispos_context(self, grid_thw: torch.Tensor) -> PositionContext:  # type: ignore[override]
+        """The positions of the sequence the tower takes for ``grid_thw`` [N, 3] (frames, rows, columns each)."""
+        cells, sizes, segments = merged_layout(grid_thw, self.spatial_merge_size)
+        return self.vispos.ragged_context(cells, sizes, segments=segments)
+
+    def forward(self, hidden_states: torch.Tensor, grid_thw: torch.Tensor | None = None, **kwargs: Any) -> Any:
+        if grid_thw is None:
+            raise ValueError("a vispos-patched Qwen2-VL vision tower needs grid_thw [N, 3], as its processor gives it")
+        return super(PatchedTower, self).forward(hidden_states, grid_thw, vispos_context=self.vispos_context(grid_thw),
+                                                 **kwargs)  # fmt: skip
+
+
+class PatchedPackedAttention:
+    """Mixin placed before Qwen2-VL's ``VisionAttention``: its fused ``qkv`` over the sequence [T, C], vispos's
+    positions, SDPA over the packed frames (their mask from the context), its ``proj``."""
+
+    vispos_layer: int
+
+    def forward(self, hidden_states: torch.Tensor, *args: Any, vispos_context: Any = None, **kwargs: Any) -> Any:
+        ctx = require_context(vispos_context)
+        x = hidden_states[None]  # [1, T, C]: the context's one packed row
+        ctx.check_tokens(x)
+        t = hidden_states.shape[0]
+        q, k, v = (part[None] for part in self.qkv(hidden_states).reshape(t, 3, self.num_heads, -1)
+                   .permute(1, 2, 0, 3).unbind(0))  # fmt: skip  # each [1, heads, T, d]
+        rotary, mask = ctx.layer(self.vispos_layer, q.dtype, x)
+        if rotary is not None:
+            q, k = rotary.rotate(q, k)
+        dropout = self.attention_dropout if self.training else 0.0
+        out = sdpa(q, k, v, mask=query_mask(mask, q), dropout_p=dropout, scale=self.scaling * ctx.logit_scale)
+        return self.proj(out[0].transpose(0, 1).reshape(t, -1))
+
+
 class PatchedAttention:
     """Mixin placed before a family's attention class: its projections, vispos's positions, transformers'
     attention function."""
@@ -278,7 +337,9 @@ def _eager_function(cls: type) -> Any:
 
 
 MIXINS: dict[str, type] = {
-    m.__name__: m for m in (PatchedHost, PatchedEmbeddings, PatchedAttention, NoRope, PatchedTower)
+    m.__name__: m
+    for m in (PatchedHost, PatchedEmbeddings, PatchedAttention, NoRope, PatchedTower, PatchedMergedTower,
+              PatchedPackedAttention)
 }
 _CLASSES: dict[tuple[type, type], type] = {}
 _PREFIX = "Patched["

@@ -1,25 +1,34 @@
-"""The vision towers of vision-language models: Pixtral's encoder (``PixtralVisionModel``, alone or inside a
-``LlavaForConditionalGeneration`` / Mistral 3 model), read from transformers 5.x ``models/pixtral/modeling_pixtral.py``.
+"""The vision towers of vision-language models, read from transformers 5.x:
 
-Pixtral packs a batch into one row: each image's patch grid (``image_sizes`` [B, 2] in pixels, its
-``patch_size`` cutting the padded ``pixel_values``) row-major, image after image, with a block-diagonal mask
-(``generate_block_attention_mask``; flash attention: ``cu_seq_lens``) and no prefix token. Its RoPE
-(``PixtralVisionRotaryEmbedding``) rotates every token by its own image's (row, column): the half layout, the rows
-on the first half of the pairs, and the axes sharing out one RoPE of the head width, theta ** (-2i / d), rows its
-even i, columns its odd i; as ``rope2d`` that is ``axes="yx", layout="half", bands="alternate"`` at
-``rope_parameters["rope_theta"]``.
+- Pixtral's encoder (``PixtralVisionModel``, alone or inside a ``LlavaForConditionalGeneration`` / Mistral 3
+  model; ``models/pixtral/modeling_pixtral.py``). It packs a batch into one row: each image's patch grid
+  (``image_sizes`` [B, 2] in pixels, its ``patch_size`` cutting the padded ``pixel_values``) row-major, image after
+  image, with a block-diagonal mask (flash attention: ``cu_seq_lens``) and no prefix token. Its RoPE
+  (``PixtralVisionRotaryEmbedding``) rotates every token by its own image's (row, column): the half layout, the rows
+  on the first half of the pairs, the axes sharing out one RoPE of the head width, theta ** (-2i / d), rows its even
+  i, columns its odd i; as ``rope2d``: ``axes="yx", layout="half", bands="alternate"``.
+- Qwen2-VL's encoder (``Qwen2VisionTransformerPretrainedModel``, alone or inside ``Qwen2VLForConditionalGeneration``;
+  ``models/qwen2_vl/modeling_qwen2_vl.py``). Its input is one sequence [T, C * t * p * p] of pre-cut patches of every
+  image and video (``grid_thw`` [N, 3]: frames, rows, columns of each), each frame's patches in blocks of
+  ``spatial_merge_size`` x ``spatial_merge_size`` (the blocks row-major, each block row-major), frame after frame,
+  and every frame attends to itself alone (``cu_seqlens``). Its RoPE (``Qwen2VLVisionRotaryEmbedding``): the half
+  layout, rows on the first half of the pairs, theta ** (-4j / d) on each axis; as ``rope2d``: ``axes="yx",
+  layout="half"``. The patch merger after the blocks is left as it is. Qwen2-VL trains at native resolution: it
+  has no training grid, and vispos takes ``QWEN_GRID`` (32 x 32 patches) as the grid RoPE scaling counts from
+  (``vispos.configure(model, scaling=..., train_grid=(H, W))`` gives another).
 
-Patched, the tower keeps transformers' forward (its packing, its mask and the outputs it records) and gets one
-more keyword, ``vispos_context``: the packed row as a vispos ragged batch (``Positions.ragged_context`` with one
-segment per image, each image the size it has alone), which transformers' layers hand to their attention; the
-RoPE module computes nothing (``NoRope``). Attention schemes only: the tower has no token table, so an additive
-or conditional scheme is refused by name.
+Patched, a tower keeps transformers' forward (its packing, its mask and the outputs it records) and gets one more
+keyword, ``vispos_context``: the packed sequence as a vispos ragged batch (``Positions.ragged_context`` with one
+segment per image or frame, each at the size it has alone), which transformers' layers hand to their attention.
+Pixtral's RoPE module then computes nothing (``NoRope``); Qwen2-VL's is left to compute what no layer reads.
+Attention schemes only: neither tower has a token table, so an additive or conditional scheme is refused by name.
 
 Towers not supported are refused by name (``REFUSED_TOWERS``), with the supported list.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
@@ -27,13 +36,31 @@ from torch import nn
 from .. import host as hosting
 from ..host import HostShape, OwnRope
 from ..positions import Positions
-from .modules import NoRope, PatchedAttention, PatchedTower, patched
+from .modules import NoRope, PatchedAttention, PatchedMergedTower, PatchedPackedAttention, PatchedTower, patched
 
-# class name of the tower -> the attention class of its layers
-TOWERS: dict[str, str] = {"PixtralVisionModel": "PixtralAttention"}
+QWEN_GRID = (32, 32)  # the grid RoPE scaling counts from on Qwen2-VL, which has no training grid
+
+
+@dataclass(frozen=True)
+class Tower:
+    """One supported tower: the class name of its attention, the mixins its tower and attention classes take, its
+    RoPE's ``bands`` as ``rope2d``, and the RoPE module that computes nothing once patched (None: left as it is)."""
+
+    attention: str
+    host: type
+    layer: type
+    bands: str
+    rope_module: str | None
+
+
+TOWERS: dict[str, Tower] = {
+    "PixtralVisionModel": Tower("PixtralAttention", PatchedTower, PatchedAttention, "alternate",
+                                "patch_positional_embedding"),
+    "Qwen2VisionTransformerPretrainedModel": Tower("VisionAttention", PatchedMergedTower, PatchedPackedAttention,
+                                                   "shared", None),
+}  # fmt: skip
 
 REFUSED_TOWERS: dict[str, str] = {
-    "Qwen2VisionTransformerPretrainedModel": "Qwen2-VL's vision encoder (merged 2x2 patches, 1D-packed video frames)",
     "Qwen2_5_VisionTransformerPretrainedModel": "Qwen2.5-VL's vision encoder (window attention over merged patches)",
     "Qwen3VLVisionModel": "Qwen3-VL's vision encoder (interpolated learned positions beside its RoPE, deepstack)",
     "Idefics3VisionTransformer": "Idefics3 / SmolVLM's SigLIP tower (image tiles with a fixed table)",
@@ -61,30 +88,39 @@ def find_tower(model: nn.Module) -> tuple[str, nn.Module] | None:
 
 def tower_attentions(tower: nn.Module) -> list[nn.Module]:
     """The tower's self-attention modules, in layer order."""
-    kind = TOWERS[type(tower).__name__]  # a patched class keeps its transformers name
+    kind = TOWERS[type(tower).__name__].attention  # a patched class keeps its transformers name
     return [m for m in tower.modules() if type(m).__name__ == kind]
 
 
-def pixtral_rope(tower: nn.Module) -> OwnRope:
-    """Pixtral's RoPE as ``rope2d`` options (module docstring)."""
+def own_rope(tower: nn.Module) -> OwnRope:
+    """The tower's RoPE as ``rope2d`` options (module docstring)."""
     config = tower.config
     parameters = getattr(config, "rope_parameters", None) or {}  # older releases: config.rope_theta
     theta = float(parameters.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
-    options = {"theta": theta, "coords": "pixel", "axes": "yx", "layout": "half", "offset": 0.0, "bands": "alternate"}
+    options = {"theta": theta, "coords": "pixel", "axes": "yx", "layout": "half", "offset": 0.0,
+               "bands": TOWERS[type(tower).__name__].bands}  # fmt: skip
     return OwnRope("rope2d", options, f"transformers {type(tower).__name__}")
 
 
-def pixtral_grid(config: Any) -> tuple[int, int]:
-    """The patch grid of the configured (largest) image size."""
-    size = config.image_size
-    h, w = (size, size) if isinstance(size, int) else tuple(size)
-    return h // config.patch_size, w // config.patch_size
+def tower_shape(tower: nn.Module, layers: list[nn.Module]) -> tuple[HostShape, tuple[int, int]]:
+    """The tower's widths, heads and depth, and the grid its positions count from: Pixtral's configured (largest)
+    image size, ``QWEN_GRID`` for Qwen2-VL."""
+    config = tower.config
+    if type(tower).__name__ == "PixtralVisionModel":
+        size = config.image_size
+        h, w = (size, size) if isinstance(size, int) else tuple(size)
+        grid = (h // config.patch_size, w // config.patch_size)
+        width, heads = config.hidden_size, config.num_attention_heads
+    else:
+        width, heads, grid = config.embed_dim, config.num_heads, QWEN_GRID
+    return HostShape(width, heads, layers[0].head_dim, len(layers), 0), grid
 
 
 def patch_tower(tower: nn.Module, pos: Any, inherit: bool, options: dict[str, Any]) -> Positions:
     """Build ``tower``'s positions and patch its classes (``patching.patch`` reaches here for a VLM tower)."""
     layers = tower_attentions(tower)
-    own = pixtral_rope(tower) if inherit else None
+    spec = TOWERS[type(tower).__name__]
+    own = own_rope(tower) if inherit else None
     schemes, per_scheme, kept = hosting.plan_schemes(pos, options, own=own, has_table=False)
     additive, attention, conditional = schemes
     if additive is not None or conditional is not None:
@@ -93,15 +129,14 @@ def patch_tower(tower: nn.Module, pos: Any, inherit: bool, options: dict[str, An
             f"{which} on {type(tower).__name__}: the tower has no token table or hook for additive and conditional "
             "schemes; use an attention scheme (rope2d and the other rotary, bias and channel schemes)"
         )
-    config = tower.config
-    shape = HostShape(config.hidden_size, config.num_attention_heads, layers[0].head_dim, len(layers), 0)
-    grid = pixtral_grid(config)
+    shape, grid = tower_shape(tower, layers)
     positions = hosting.build_positions(shape, schemes, per_scheme, grid, 0, kept)
     tower.vispos = positions.train(tower.training)
-    tower.__class__ = patched(type(tower), PatchedTower)
+    tower.__class__ = patched(type(tower), spec.host)
     for i, attn in enumerate(layers):
-        attn.__class__ = patched(type(attn), PatchedAttention)
+        attn.__class__ = patched(type(attn), spec.layer)
         attn.vispos_layer = i
-    rope = tower.patch_positional_embedding
-    rope.__class__ = patched(type(rope), NoRope)
+    if spec.rope_module is not None:
+        rope = getattr(tower, spec.rope_module)
+        rope.__class__ = patched(type(rope), NoRope)
     return positions
