@@ -1,7 +1,7 @@
 """Counted work per forward: what each positional scheme adds to a ViT, in aten calls, kernels, FLOPs and bytes.
 
     python -m benchmarks.patch_work [--json out.json] [--schemes rope2d relbias2d ...] [--sizes 224 448]
-                                    [--batch 8] [--no-timm] [--ops 8] [--quick]
+                                    [--batch 8] [--no-timm] [--towers] [--ops 8] [--quick]
 
 For every 2D scheme on ``vit_small_patch16_224`` (random init) at each size, batch 8, fp32 and under bf16 autocast
 (``torch.autocast("cpu", torch.bfloat16)``: weights stay fp32, linear layers run in bf16), the work of one
@@ -10,7 +10,8 @@ the outputs' sum), patched minus the unpatched timm model (``string2d (folded)``
 its basis moved into the q/k projections). timm's own RoPE ViTs (Eva: ``vit_small_patch16_rope_224``,
 ``vit_small_patch16_rope_mixed_224``, EVA-02's ``eva02_small_patch14_224``) are counted against their RoPE-free
 twins: the same model with ``model.rope = None``, which Eva's forward reads as "no rotary embedding" (every block
-then gets ``rope=None``). Counting rules: ``benchmarks/work_count.py``; floors: ``benchmarks/work_floor.py``.
+then gets ``rope=None``). ``--towers``: the VLM vision towers at ViT-S's size (``work_towers``). Counting rules:
+``benchmarks/work_count.py``; floors: ``benchmarks/work_floor.py``.
 Deterministic (fake tensors, no timings): two runs print the same numbers.
 """
 
@@ -30,6 +31,7 @@ from vispos.encodings.string import fold_string
 from .work_count import Work, count_work, fake_model
 from .work_floor import bias_floor, geometry, mask_writes, rotary_floor, timm_table_bytes, vispos_table_bytes
 from .work_targets import check_targets
+from .work_towers import own_table_bytes, tower_rows
 
 MODEL = "vit_small_patch16_224"
 BASELINE = f"timm {MODEL}"
@@ -47,6 +49,7 @@ class Config:
     kind: str = ""  # "rotary", "bias" or "" (no floor)
     per_layer: bool = False
     timm_rope: bool = False
+    own_table: bool = False  # a VLM tower's row: its floor counts the per-token cos / sin tables it holds
 
 
 def without_rope(name: str, size: int) -> nn.Module:
@@ -57,10 +60,14 @@ def without_rope(name: str, size: int) -> nn.Module:
 
 
 def configurations(
-    schemes: list[str] | None = None, with_timm: bool = True, model_kwargs: dict[str, object] | None = None
+    schemes: list[str] | None = None,
+    with_timm: bool = True,
+    model_kwargs: dict[str, object] | None = None,
+    towers: bool = False,
 ) -> list[Config]:
-    """The baseline, every 2D scheme (or ``schemes``) on ViT-S/16, then timm's RoPE models and their twins;
-    ``model_kwargs`` (e.g. ``depth=2``) go to every vispos and baseline model (the tests' tiny ViT)."""
+    """The baseline, every 2D scheme (or ``schemes``) on ViT-S/16, then timm's RoPE models and their twins, then
+    (``towers``) the VLM vision towers' rows (``work_towers``); ``model_kwargs`` (e.g. ``depth=2``) go to every
+    vispos and baseline model (the tests' tiny ViT)."""
     kw = model_kwargs or {}
     configs = [Config(BASELINE, lambda size: timm.create_model(MODEL, img_size=size, **kw))]
     for scheme in vispos.list_encodings(ndim=2) if schemes is None else schemes:
@@ -76,6 +83,8 @@ def configurations(
         configs.append(Config(twin, lambda size, n=name: without_rope(n, size)))
         build = lambda size, n=name: timm.create_model(n, img_size=size)  # noqa: E731
         configs.append(Config(f"timm {name}", build, twin, "rotary", "mixed" in name, timm_rope=True))
+    for label, build, baseline, kind in tower_rows() if towers else ():
+        configs.append(Config(label, build, baseline, kind, own_table=True))
     return configs
 
 
@@ -83,7 +92,10 @@ def floor_bytes(config: Config, model: nn.Module, batch: int, itemsize: int, tra
     """The config's floor (``work_floor``) for this model, batch and q dtype size; None where none applies."""
     geo = geometry(model)
     if config.kind == "rotary":
-        table = timm_table_bytes(model) if config.timm_rope else vispos_table_bytes(model)
+        if config.own_table:
+            table = own_table_bytes(model, batch)
+        else:
+            table = timm_table_bytes(model) if config.timm_rope else vispos_table_bytes(model)
         return rotary_floor(geo, batch, itemsize, table, train=train)
     if config.kind == "bias":
         return bias_floor(geo, itemsize, per_layer=config.per_layer, train=train)
@@ -96,7 +108,8 @@ def measure(configs: list[Config], sizes: list[int], batch: int) -> list[dict[st
     for size in sizes:
         base_work: dict[tuple[str, str, str], Work] = {}
         for config in configs:
-            model = fake_model(lambda c=config, s=size: c.build(s))
+            # the towers' ragged layouts check their data: real tensors (the same counts, tests/test_patch_work.py)
+            model = config.build(size) if config.own_table else fake_model(lambda c=config, s=size: c.build(s))
             for mode, dtype in SETTINGS:
                 train, itemsize = mode == "training", 2 if dtype == "bf16" else 4
                 work = count_work(model, batch, size, train=train, bf16=dtype == "bf16")
@@ -169,12 +182,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sizes", nargs="+", type=int, default=[224, 448])
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--no-timm", action="store_true", help="leave out timm's own RoPE models")
+    parser.add_argument("--towers", action="store_true", help="add the VLM vision towers' rows (Pixtral, Qwen2-VL)")
     parser.add_argument("--ops", type=int, default=0, help="print the N ops adding most bytes to each floor row")
     parser.add_argument("--quick", action="store_true", help="rope2d, rope2d_mixed, relbias2d at 224 px, batch 1")
     args = parser.parse_args(argv)
     if args.quick:
         args.schemes, args.sizes, args.batch = ["rope2d", "rope2d_mixed", "relbias2d"], [224], 1
-    records = measure(configurations(args.schemes, not args.no_timm), args.sizes, args.batch)
+    records = measure(configurations(args.schemes, not args.no_timm, towers=args.towers), args.sizes, args.batch)
     print(f"Counted work per forward, batch {args.batch}: added to the baseline (baseline rows: their totals)\n")
     for mode, dtype in SETTINGS:
         print(f"### {mode}, {dtype}{' autocast' if dtype == 'bf16' else ''}\n\n{table(records, mode, dtype)}\n")

@@ -137,3 +137,25 @@ def test_masks_made_in_q_dtype_equal_the_cast_fp32_masks(pos: str) -> None:
             bf16 = ctx.layer(index, torch.bfloat16)[1]
             assert fp32.dtype == torch.float32 and bf16.dtype == torch.bfloat16
             assert torch.equal(bf16, fp32.to(torch.bfloat16))
+
+
+def test_the_tower_rows_compare_the_towers_own_rope_with_the_inherited_one() -> None:
+    """``--towers``: each tower's rows share one baseline (no positions), and the two RoPE rows compute the same
+    outputs from the same weights (the inherited RoPE equals the tower's own), so their counts compare like with
+    like; the floors read the tower's geometry."""
+    pytest.importorskip("transformers")
+    from benchmarks.work_towers import HEADS, LAYERS, TOWERS, tower_rows
+
+    rows = {label: (build, base, kind) for label, build, base, kind in tower_rows()}
+    images = torch.randn(2, 3, 32, 32)
+    for name in TOWERS:
+        own_build, base, kind = rows[f"transformers {name} (ViT-S size)"]
+        ours_build, ours_base, ours_kind = rows[f"vispos rope2d (inherited) on {name}"]
+        assert base == ours_base == f"transformers {name} (ViT-S size) without positions" and base in rows
+        assert kind == ours_kind == "rotary"
+        own, ours = own_build(32).eval(), ours_build(32).eval()
+        ours.tower.load_state_dict(own.tower.state_dict())  # a plain checkpoint into the patched tower
+        with torch.no_grad():
+            torch.testing.assert_close(ours(images), own(images), rtol=1e-4, atol=1e-4)
+        geo = geometry(ours)
+        assert (geo.layers, geo.heads, geo.head_dim, geo.grid, geo.tokens) == (LAYERS, HEADS, 64, (2, 2), 4)

@@ -229,7 +229,9 @@ class PatchedMergedTower(PatchedTower):
     def vispos_context(self, grid_thw: torch.Tensor) -> PositionContext:  # type: ignore[override]
         """The positions of the sequence the tower takes for ``grid_thw`` [N, 3] (frames, rows, columns each)."""
         cells, sizes, segments = merged_layout(grid_thw, self.spatial_merge_size)
-        return self.vispos.ragged_context(cells, sizes, segments=segments)
+        context = self.vispos.ragged_context(cells, sizes, segments=segments, separate=True)  # frame by frame
+        context.__dict__["segment_lengths"] = [h * w for h, w in sizes[0].tolist()]
+        return context
 
     def forward(self, hidden_states: torch.Tensor, grid_thw: torch.Tensor | None = None, **kwargs: Any) -> Any:
         if grid_thw is None:
@@ -240,7 +242,7 @@ class PatchedMergedTower(PatchedTower):
 
 class PatchedPackedAttention:
     """Mixin placed before Qwen2-VL's ``VisionAttention``: its fused ``qkv`` over the sequence [T, C], vispos's
-    positions, SDPA over the packed frames (their mask from the context), its ``proj``."""
+    positions, SDPA over each frame alone (a bias scheme's mask cut to the frame's block), its ``proj``."""
 
     vispos_layer: int
 
@@ -255,7 +257,14 @@ class PatchedPackedAttention:
         if rotary is not None:
             q, k = rotary.rotate(q, k)
         dropout = self.attention_dropout if self.training else 0.0
-        out = sdpa(q, k, v, mask=query_mask(mask, q), dropout_p=dropout, scale=self.scaling * ctx.logit_scale)
+        mask, outs, start = query_mask(mask, q), [], 0
+        for n in ctx.__dict__["segment_lengths"]:  # each frame attends to itself alone, as the tower's own attention
+            part = slice(start, start + n)
+            block = None if mask is None else mask[..., part, part]
+            outs.append(sdpa(q[:, :, part], k[:, :, part], v[:, :, part], mask=block, dropout_p=dropout,
+                             scale=self.scaling * ctx.logit_scale))  # fmt: skip
+            start += n
+        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
         return self.proj(out[0].transpose(0, 1).reshape(t, -1))
 
 

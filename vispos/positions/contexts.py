@@ -70,6 +70,7 @@ class Contexts:
         valid: torch.Tensor | None = None,
         segments: torch.Tensor | None = None,
         user_mask: torch.Tensor | None = None,
+        separate: bool = False,
     ) -> PositionContext:
         """The context of a ragged or packed batch: rows of P prefix tokens then N patch tokens, patch token n
         of row b at the integer cell ``coords[b, n]`` = (y, x) of its own image's grid (timm NaFlex's
@@ -90,7 +91,11 @@ class Contexts:
         ``coords`` of a floating dtype are points in patch units, possibly fractional (a merged token at the
         mean of its cells): every scheme defined between grid cells is evaluated at each token's point
         (``ragged_layout``); relbias2d's integer table and peg2d's convolution refuse fractional points.
-        DINOv3's coordinate augmentation (training mode) is drawn per image."""
+        DINOv3's coordinate augmentation (training mode) is drawn per image.
+
+        ``separate=True``: the caller attends each segment alone (Qwen2-VL's tower, frame by frame), so no mask
+        hiding the other segments is built (a bias scheme's masks still span the row; the caller takes each
+        segment's block)."""
         if self.attention_kind == "query_bias":
             raise ValueError(
                 f"{self.settings['pos']}: a query-dependent bias (decomposed2d) is built for one grid; ragged and "
@@ -105,7 +110,8 @@ class Contexts:
         ctx = PositionContext(self, layout.grid, coords.device, None, None, 1.0, None, None, layout)
         ctx.caller_mask = user_mask is not None
         if not self._flex_ready(ctx):  # FlexAttention: a block mask instead, the dense one only on fallback
-            structure = None if layout.one_image_per_row() else layout.structure_mask()  # [B, 1, T, T]
+            alone = separate or layout.one_image_per_row()
+            structure = None if alone else layout.structure_mask()  # [B, 1, T, T]
             ctx.user_mask = combine_masks(structure, as_float_mask(user_mask, torch.float32))
         user = ctx.user_mask
         if self.log_n_tokens is not None:  # per token: SDPA takes one scale for the whole batch
