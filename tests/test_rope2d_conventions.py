@@ -173,3 +173,23 @@ def test_augmentation_matches_timm_dinov3_draw_for_draw():
 def test_bad_convention_options_are_refused_clearly(options, message):
     with pytest.raises((ValueError, TypeError), match=message.replace("(", r"\(").replace(")", r"\)")):
         create_encoding("rope2d", ndim=2, dim=32, **options)
+
+
+@pytest.mark.parametrize("scaling", [None, "linear", "ntk"])
+def test_alternate_bands_share_out_one_head_wide_rope_and_scale_it_per_axis(scaling):
+    """bands="alternate" (Pixtral): rows turn at the even frequencies of theta ** (-2i / d), columns at the odd ones;
+    a scaling acts on that head-wide RoPE, each axis at its own factor (here 8 x 6 patches over a 4 x 4 training
+    grid: 2 and 1.5), written out from the formulas: linear divides the positions, NTK raises the base to
+    theta * s ** (d / (d - 2))."""
+    dim, theta, grid = 16, 100.0, (8, 6)
+    rope = create_encoding("rope2d", dim=dim, theta=theta, axes="yx", layout="half", bands="alternate",
+                           scaling=scaling, train_grid=(4, 4))  # fmt: skip
+    angles, _ = rope.angles(grid)
+    rows, cols = torch.meshgrid(torch.arange(8.0), torch.arange(6.0), indexing="ij")
+    expected = []
+    for axis, (pos, s) in enumerate(((rows.flatten(), 2.0), (cols.flatten(), 1.5))):
+        base = theta * s ** (dim / (dim - 2)) if scaling == "ntk" else theta
+        whole = base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)  # [dim / 2]: the head's RoPE
+        freqs = whole[axis::2]  # rows the even, columns the odd
+        expected.append(pos.double()[:, None] * freqs / (s if scaling == "linear" else 1.0))
+    torch.testing.assert_close(angles.double(), torch.cat(expected, dim=-1), rtol=1e-6, atol=1e-6)
