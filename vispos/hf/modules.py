@@ -182,7 +182,8 @@ class PatchedTower:
         if too_small:
             raise ValueError(f"image sizes {too_small} hold no {p}x{p} patch")
         cells, sizes, segments = packed_layout(image_sizes, p, pixel_values.device)
-        return self.vispos.ragged_context(cells, sizes, segments=segments)
+        # Pixtral's forward hides the other images with its own block mask: none is built here
+        return self.vispos.ragged_context(cells, sizes, segments=segments, separate=True)
 
     def forward(self, pixel_values: torch.Tensor | None = None, image_sizes: Any = None, **kwargs: Any) -> Any:
         if pixel_values is None:
@@ -257,12 +258,13 @@ class PatchedPackedAttention:
         if rotary is not None:
             q, k = rotary.rotate(q, k)
         dropout = self.attention_dropout if self.training else 0.0
-        mask, outs, start = query_mask(mask, q), [], 0
-        for n in ctx.__dict__["segment_lengths"]:  # each frame attends to itself alone, as the tower's own attention
-            part = slice(start, start + n)
-            block = None if mask is None else mask[..., part, part]
-            outs.append(sdpa(q[:, :, part], k[:, :, part], v[:, :, part], mask=block, dropout_p=dropout,
-                             scale=self.scaling * ctx.logit_scale))  # fmt: skip
+        mask, lengths = query_mask(mask, q), ctx.__dict__["segment_lengths"]
+        outs, start = [], 0
+        # each frame attends to itself alone, as the tower's own attention; split (one cat in the backward), not
+        # sliced (a zero-filled gradient of the whole sequence per frame)
+        for qs, ks, vs, n in zip(*(t.split(lengths, dim=2) for t in (q, k, v)), lengths, strict=True):
+            block = None if mask is None else mask[..., start : start + n, start : start + n]
+            outs.append(sdpa(qs, ks, vs, mask=block, dropout_p=dropout, scale=self.scaling * ctx.logit_scale))
             start += n
         out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
         return self.proj(out[0].transpose(0, 1).reshape(t, -1))

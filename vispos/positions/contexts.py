@@ -93,9 +93,9 @@ class Contexts:
         (``ragged_layout``); relbias2d's integer table and peg2d's convolution refuse fractional points.
         DINOv3's coordinate augmentation (training mode) is drawn per image.
 
-        ``separate=True``: the caller attends each segment alone (Qwen2-VL's tower, frame by frame), so no mask
-        hiding the other segments is built (a bias scheme's masks still span the row; the caller takes each
-        segment's block)."""
+        ``separate=True``: the caller keeps the segments apart itself, attending each alone (Qwen2-VL's tower,
+        frame by frame) or with a block mask of its own (Pixtral's), so no mask hiding the other segments is built
+        here (a bias scheme's masks still span the row)."""
         if self.attention_kind == "query_bias":
             raise ValueError(
                 f"{self.settings['pos']}: a query-dependent bias (decomposed2d) is built for one grid; ragged and "
