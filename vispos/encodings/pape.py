@@ -96,6 +96,7 @@ class ParabolaChannels:
         return replace(self, points=self.points[tokens], origin=origin)
 
     def bind(self, inputs: torch.Tensor, q_divisor: float | torch.Tensor = 1.0) -> ParabolaChannels:
+        """With the attention's input [B, T, width] and the logit scale q is multiplied by (the host's part)."""
         return replace(self, inputs=inputs, q_divisor=q_divisor)
 
     def coordinates(self) -> torch.Tensor:
