@@ -53,6 +53,20 @@ def per_image(out: torch.Tensor, sizes: torch.Tensor = SIZES) -> list[torch.Tens
     return list(out.split(counts))
 
 
+def patch_the_vlm(vlm: torch.nn.Module, tower: str, **inputs: torch.Tensor) -> None:
+    """``vispos.patch(vlm, "rope2d")``: the image features (the tower and the VLM's projection) stay as they were,
+    the language model keeps its classes, and the record names the tower."""
+    language = {n: type(m) for n, m in vlm.model.language_model.named_modules()}
+    with torch.no_grad():
+        expected = vlm.model.get_image_features(**inputs)
+        vispos.patch(vlm, "rope2d")
+        got = vlm.model.get_image_features(**inputs)
+    for a, b in zip(getattr(got, "pooler_output", got), getattr(expected, "pooler_output", expected), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    assert {n: type(m) for n, m in vlm.model.language_model.named_modules()} == language
+    assert vlm.config.vispos["tower"] == tower
+
+
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 @pytest.mark.parametrize("theta", [10000.0, 100.0])
 def test_inherited_rope_gives_the_towers_own_outputs_on_a_packed_batch(attn: str, theta: float) -> None:
@@ -79,19 +93,8 @@ def test_the_tower_inside_a_llava_model_is_patched_and_the_language_model_left_a
     vlm = tf.LlavaForConditionalGeneration(tf.LlavaConfig(vision_config=vision, text_config=text, image_token_index=5,
                                                    vision_feature_select_strategy="full"))
     vlm.eval()
-    language = {n: type(m) for n, m in vlm.model.language_model.named_modules()}
-    x = images()
-    with torch.no_grad():
-        expected = vlm.model.get_image_features(pixel_values=x, image_sizes=SIZES)
-        vispos.patch(vlm, "rope2d")
-        got = vlm.model.get_image_features(pixel_values=x, image_sizes=SIZES)
-    expected = getattr(expected, "pooler_output", expected)
-    got = getattr(got, "pooler_output", got)
-    for a, b in zip(got, expected, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    patch_the_vlm(vlm, "model.vision_tower", pixel_values=images(), image_sizes=SIZES)
     assert isinstance(vlm.model.vision_tower.vispos, Positions)
-    assert {n: type(m) for n, m in vlm.model.language_model.named_modules()} == language
-    assert vlm.config.vispos["tower"] == "model.vision_tower"
 
 
 @pytest.mark.parametrize("scheme", ["rope2d_mixed", "alibi2d", "relbias2d", "pape2d"])
@@ -228,16 +231,8 @@ def test_qwen2_vl_inside_its_vlm_and_saved_and_loaded(tmp_path) -> None:
     text = tf.Qwen2VLTextConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                                 num_key_value_heads=1, vocab_size=64, rope_parameters=rope)  # fmt: skip
     vlm = tf.Qwen2VLForConditionalGeneration(tf.Qwen2VLConfig(vision_config=vision, text_config=text)).eval()
-    language = {n: type(m) for n, m in vlm.model.language_model.named_modules()}
     x = patches()
-    with torch.no_grad():
-        expected = vlm.model.get_image_features(pixel_values=x, image_grid_thw=GRID_THW)
-        vispos.patch(vlm, "rope2d")
-        got = vlm.model.get_image_features(pixel_values=x, image_grid_thw=GRID_THW)
-    for a, b in zip(getattr(got, "pooler_output", got), getattr(expected, "pooler_output", expected), strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
-    assert {n: type(m) for n, m in vlm.model.language_model.named_modules()} == language
-    assert vlm.config.vispos["tower"] == "model.visual"
+    patch_the_vlm(vlm, "model.visual", pixel_values=x, image_grid_thw=GRID_THW)
     tower = vispos.patch(qwen(), "rope2d_mixed", inherit=False)
     with torch.no_grad():
         for p in tower.vispos.parameters():

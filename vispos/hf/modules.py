@@ -50,8 +50,9 @@ def require_context(ctx: object) -> PositionContext:
     return ctx
 
 
-class PatchedHost:
-    """Mixin placed before the transformers vision model class: positions from ``self.vispos``."""
+class HoldsPositions:
+    """What every patched host (a vision model, a VLM's tower) has: ``vispos``, its settings, and a
+    ``load_state_dict`` that hands the positions the caller's ``strict``."""
 
     vispos: Positions
 
@@ -59,6 +60,19 @@ class PatchedHost:
     def vispos_cfg(self) -> dict[str, Any]:
         """The positional settings: schemes, options, training grid, and what ``vispos.configure`` set."""
         return self.vispos.settings
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
+        """``nn.Module.load_state_dict``; with ``strict=False`` a checkpoint of other positions gives every weight
+        outside the positions and reports the positional entries it skipped."""
+        self.vispos.strict_loading = strict
+        try:
+            return super().load_state_dict(state_dict, strict=strict, assign=assign)
+        finally:
+            self.vispos.strict_loading = True
+
+
+class PatchedHost(HoldsPositions):
+    """Mixin placed before the transformers vision model class: positions from ``self.vispos``."""
 
     def vispos_context(self, pixel_values: torch.Tensor) -> PositionContext:
         """The positions of one forward pass on ``pixel_values`` [B, C, H, W]."""
@@ -86,15 +100,6 @@ class PatchedHost:
             return super().forward(pixel_values, *args, vispos_context=ctx, **kwargs)
         finally:
             self.embeddings.__dict__.pop("_vispos_context", None)
-
-    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
-        """``nn.Module.load_state_dict``; with ``strict=False`` a checkpoint of other positions gives every weight
-        outside the positions and reports the positional entries it skipped."""
-        self.vispos.strict_loading = strict
-        try:
-            return super().load_state_dict(state_dict, strict=strict, assign=assign)
-        finally:
-            self.vispos.strict_loading = True
 
 
 class PatchedEmbeddings:
@@ -159,15 +164,8 @@ def packed_layout(image_sizes: Any, patch_size: int, device: torch.device) -> tu
     return torch.cat(cells)[None], sizes[None], torch.cat(segments)[None]
 
 
-class PatchedTower:
-    """Mixin placed before the tower class: transformers' forward with the positions of ``self.vispos``."""
-
-    vispos: Positions
-
-    @property
-    def vispos_cfg(self) -> dict[str, Any]:
-        """The positional settings: schemes, options, training grid, and what ``vispos.configure`` set."""
-        return self.vispos.settings
+class PatchedTower(HoldsPositions):
+    """Mixin placed before Pixtral's tower class: transformers' forward with the positions of ``self.vispos``."""
 
     def vispos_context(self, pixel_values: torch.Tensor, image_sizes: Any = None) -> PositionContext:
         """The positions of the packed row the forward makes of ``pixel_values`` [B, C, H, W] and ``image_sizes``
@@ -190,15 +188,6 @@ class PatchedTower:
             raise ValueError("a vispos-patched model needs pixel_values")
         ctx = self.vispos_context(pixel_values, image_sizes)
         return super().forward(pixel_values, image_sizes, vispos_context=ctx, **kwargs)
-
-    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
-        """``nn.Module.load_state_dict``; with ``strict=False`` a checkpoint of other positions gives every weight
-        outside the positions and reports the positional entries it skipped."""
-        self.vispos.strict_loading = strict
-        try:
-            return super().load_state_dict(state_dict, strict=strict, assign=assign)
-        finally:
-            self.vispos.strict_loading = True
 
 
 
@@ -223,31 +212,30 @@ def merged_layout(grid_thw: torch.Tensor, merge: int) -> tuple[torch.Tensor, ...
     return torch.cat(cells)[None], torch.tensor(sizes, device=device)[None], torch.cat(segments)[None]
 
 
-class PatchedMergedTower(PatchedTower):
+class PatchedMergedTower(HoldsPositions):
     """Mixin placed before Qwen2-VL's vision tower class: transformers' forward with the positions of
     ``self.vispos`` (``towers.py``)."""
 
     def vispos_context(self, grid_thw: torch.Tensor) -> PositionContext:  # type: ignore[override]
         """The positions of the sequence the tower takes for ``grid_thw`` [N, 3] (frames, rows, columns each)."""
         cells, sizes, segments = merged_layout(grid_thw, self.spatial_merge_size)
-        context = self.vispos.ragged_context(cells, sizes, segments=segments, separate=True)  # frame by frame
-        context.__dict__["segment_lengths"] = [h * w for h, w in sizes[0].tolist()]
-        return context
+        return self.vispos.ragged_context(cells, sizes, segments=segments, separate=True)  # frame by frame
 
     def forward(self, hidden_states: torch.Tensor, grid_thw: torch.Tensor | None = None, **kwargs: Any) -> Any:
         if grid_thw is None:
             raise ValueError("a vispos-patched Qwen2-VL vision tower needs grid_thw [N, 3], as its processor gives it")
-        return super(PatchedTower, self).forward(hidden_states, grid_thw, vispos_context=self.vispos_context(grid_thw),
-                                                 **kwargs)  # fmt: skip
+        return super().forward(hidden_states, grid_thw, vispos_context=self.vispos_context(grid_thw), **kwargs)
 
 
 class PatchedPackedAttention:
     """Mixin placed before Qwen2-VL's ``VisionAttention``: its fused ``qkv`` over the sequence [T, C], vispos's
-    positions, SDPA over each frame alone (a bias scheme's mask cut to the frame's block), its ``proj``."""
+    positions, SDPA over each segment of the tower's ``cu_seqlens`` alone (its frames; a bias scheme's mask cut to
+    the segment's block), its ``proj``."""
 
     vispos_layer: int
 
-    def forward(self, hidden_states: torch.Tensor, *args: Any, vispos_context: Any = None, **kwargs: Any) -> Any:
+    def forward(self, hidden_states: torch.Tensor, cu_seqlens: torch.Tensor, *args: Any,
+                vispos_context: Any = None, **kwargs: Any) -> Any:  # fmt: skip
         ctx = require_context(vispos_context)
         x = hidden_states[None]  # [1, T, C]: the context's one packed row
         ctx.check_tokens(x)
@@ -258,10 +246,10 @@ class PatchedPackedAttention:
         if rotary is not None:
             q, k = rotary.rotate(q, k)
         dropout = self.attention_dropout if self.training else 0.0
-        mask, lengths = query_mask(mask, q), ctx.__dict__["segment_lengths"]
+        mask, lengths = query_mask(mask, q), (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
         outs, start = [], 0
-        # each frame attends to itself alone, as the tower's own attention; split (one cat in the backward), not
-        # sliced (a zero-filled gradient of the whole sequence per frame)
+        # each segment attends to itself alone, as in the tower's own attention; split (one cat in the backward),
+        # not sliced (a zero-filled gradient of the whole sequence per segment)
         for qs, ks, vs, n in zip(*(t.split(lengths, dim=2) for t in (q, k, v)), lengths, strict=True):
             block = None if mask is None else mask[..., start : start + n, start : start + n]
             outs.append(sdpa(qs, ks, vs, mask=block, dropout_p=dropout, scale=self.scaling * ctx.logit_scale))

@@ -19,9 +19,13 @@ from .._validate import check_bool
 from ..host import HostShape, warn
 from ..positions import Positions
 from .families import FAMILIES, Family, attentions, find_host, own_rope, own_table, patch_conv, train_grid
-from .modules import FLASH_REFUSAL, NoRope, PatchedAttention, PatchedEmbeddings, PatchedHost, PatchedTower, patched
+from .modules import FLASH_REFUSAL, HoldsPositions, NoRope, PatchedAttention, PatchedEmbeddings, PatchedHost, patched
 from .towers import find_tower, patch_tower
 
+ALREADY_PATCHED = (
+    "this model is already patched by vispos; patch a fresh model instead (a patched model's weights load into a "
+    "freshly patched one with load_state_dict)"
+)
 CONFIG_KEY = "vispos"  # model.config.vispos: what from_pretrained rebuilds a patched model from
 
 
@@ -41,10 +45,7 @@ def patch(
         return _patch_tower(model, *found, pos, inherit, options)
     tower, vision, family = find_host(model)
     if isinstance(vision, PatchedHost):
-        raise ValueError(
-            "this model is already patched by vispos; patch a fresh model instead (a patched model's weights "
-            "load into a freshly patched one with load_state_dict)"
-        )
+        raise ValueError(ALREADY_PATCHED)
     layers = attentions(vision)
     if not layers:
         raise TypeError(f"transformers {type(vision).__name__} has no attention layer vispos knows")
@@ -84,11 +85,8 @@ def patch(
 
 
 def _patch_tower(model: nn.Module, name: str, tower: nn.Module, pos: Any, inherit: bool, options: dict) -> nn.Module:
-    if isinstance(tower, PatchedTower):
-        raise ValueError(
-            "this model is already patched by vispos; patch a fresh model instead (a patched model's weights "
-            "load into a freshly patched one with load_state_dict)"
-        )
+    if isinstance(tower, HoldsPositions):
+        raise ValueError(ALREADY_PATCHED)
     positions = patch_tower(tower, pos, inherit, options)
     _register_recorded_outputs(tower)
     tower.register_load_state_dict_pre_hook(_adopt_plain_checkpoint)

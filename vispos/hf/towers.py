@@ -28,6 +28,7 @@ Towers not supported are refused by name (``REFUSED_TOWERS``), with the supporte
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,23 +42,34 @@ from .modules import NoRope, PatchedAttention, PatchedMergedTower, PatchedPacked
 QWEN_GRID = (32, 32)  # the grid RoPE scaling counts from on Qwen2-VL, which has no training grid
 
 
+def image_size_grid(config: Any) -> tuple[int, int]:
+    """The patch grid of the configured (largest) image size (Pixtral)."""
+    size = config.image_size
+    h, w = (size, size) if isinstance(size, int) else tuple(size)
+    return h // config.patch_size, w // config.patch_size
+
+
 @dataclass(frozen=True)
 class Tower:
     """One supported tower: the class name of its attention, the mixins its tower and attention classes take, its
-    RoPE's ``bands`` as ``rope2d``, and the RoPE module that computes nothing once patched (None: left as it is)."""
+    RoPE's ``bands`` as ``rope2d``, the RoPE module that computes nothing once patched (None: left as it is), the
+    config fields of its width and heads, and the grid its positions count from."""
 
     attention: str
     host: type
     layer: type
     bands: str
     rope_module: str | None
+    width: str
+    heads: str
+    grid: Callable[[Any], tuple[int, int]]
 
 
 TOWERS: dict[str, Tower] = {
     "PixtralVisionModel": Tower("PixtralAttention", PatchedTower, PatchedAttention, "alternate",
-                                "patch_positional_embedding"),
+                                "patch_positional_embedding", "hidden_size", "num_attention_heads", image_size_grid),
     "Qwen2VisionTransformerPretrainedModel": Tower("VisionAttention", PatchedMergedTower, PatchedPackedAttention,
-                                                   "shared", None),
+                                                   "shared", None, "embed_dim", "num_heads", lambda _: QWEN_GRID),
 }  # fmt: skip
 
 REFUSED_TOWERS: dict[str, str] = {
@@ -103,17 +115,10 @@ def own_rope(tower: nn.Module) -> OwnRope:
 
 
 def tower_shape(tower: nn.Module, layers: list[nn.Module]) -> tuple[HostShape, tuple[int, int]]:
-    """The tower's widths, heads and depth, and the grid its positions count from: Pixtral's configured (largest)
-    image size, ``QWEN_GRID`` for Qwen2-VL."""
-    config = tower.config
-    if type(tower).__name__ == "PixtralVisionModel":
-        size = config.image_size
-        h, w = (size, size) if isinstance(size, int) else tuple(size)
-        grid = (h // config.patch_size, w // config.patch_size)
-        width, heads = config.hidden_size, config.num_attention_heads
-    else:
-        width, heads, grid = config.embed_dim, config.num_heads, QWEN_GRID
-    return HostShape(width, heads, layers[0].head_dim, len(layers), 0), grid
+    """The tower's widths, heads and depth, and the grid its positions count from (``Tower.grid``)."""
+    spec, config = TOWERS[type(tower).__name__], tower.config
+    shape = HostShape(getattr(config, spec.width), getattr(config, spec.heads), layers[0].head_dim, len(layers), 0)
+    return shape, spec.grid(config)
 
 
 def patch_tower(tower: nn.Module, pos: Any, inherit: bool, options: dict[str, Any]) -> Positions:
