@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 
+import vispos
 from train.__main__ import main as train_main
 from train.config.sections import ConfigError
 from train.evaluate import main as evaluate_main
@@ -103,6 +104,14 @@ READ_TIME_ERRORS = [
 def test_config_errors_are_found_when_the_config_is_read(sections: dict[str, Any], match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         config_from_dict(_merge(TINY, sections))
+
+
+@pytest.mark.parametrize("name", [n for n in vispos.list_encodings(ndim=2)])
+def test_every_2d_scheme_passes_the_readers_meta_device_build(name: str) -> None:
+    # reading a config builds every entry on the meta device (models.preflight): a scheme whose constructor
+    # computes on the default device (a .item() on a meta tensor) would stop the trainer before it starts
+    cfg = config_from_dict(_merge(TINY, {"schemes": [name], "out_dir": "unused"}))
+    assert [s.name for s in cfg.schemes] == [name]
 
 
 def test_a_grid_task_evaluated_by_resizing_only_may_go_below_its_grid() -> None:

@@ -203,7 +203,7 @@ class LookHere2d(nn.Module):
             if not isinstance(head_slopes, (list, tuple)) or len(head_slopes) != self.num_heads:
                 raise ValueError(f"head_slopes must list one slope per head ({self.num_heads}), got {head_slopes!r}")
             slopes = [check_float(f"head_slopes[{i}]", s, minimum=0.0) for i, s in enumerate(head_slopes)]
-        self.layer_slope = torch.linspace(first, last, self.depth, dtype=torch.float64)[self.layer].item()
+        self.layer_slope = torch.linspace(first, last, self.depth, dtype=torch.float64, device="cpu")[self.layer].item()
         # global x layer x head slope, per head: plain floats (constants to torch.compile), all set by options
         self.slopes = [self.global_slope * self.layer_slope * s for s in slopes]
 
