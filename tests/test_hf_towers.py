@@ -1,5 +1,5 @@
-"""VLM vision towers in transformers: Pixtral's encoder (alone and inside a Llava model) and Qwen2-VL's (alone and
-inside its VLM). Tiny random configs.
+"""VLM vision towers in transformers: Pixtral's encoder (alone and inside a Llava model), Qwen2-VL's and Qwen2.5-VL's
+(alone and inside their VLMs; Qwen2.5-VL's with window attention). Tiny random configs.
 
 Both pack a batch into one sequence, each image (or video frame) at its own size: the patched tower must give the
 unpatched tower's outputs with its RoPE inherited, every image what it gets alone with any other scheme, and the
@@ -8,6 +8,7 @@ inherited RoPE scaled per axis as the tower's own RoPE would be at scaled positi
 from __future__ import annotations
 
 import copy
+import pickle
 import warnings
 
 import pytest
@@ -19,6 +20,7 @@ from vispos.positions import Positions
 tf = pytest.importorskip("transformers")
 
 from transformers.models.pixtral import modeling_pixtral  # noqa: E402
+from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl  # noqa: E402
 from transformers.models.qwen2_vl import modeling_qwen2_vl  # noqa: E402
 
 SIZES = torch.tensor([[48, 64], [32, 40], [16, 24]])  # pixels: 6x8, 4x5 and 2x3 patches of 8
@@ -150,18 +152,37 @@ def test_save_pretrained_and_from_pretrained_give_the_same_outputs(tmp_path) -> 
 
 # --- Qwen2-VL: pre-cut patches [T, 3 * 2 * 4 * 4] in 2 x 2 merge blocks, grid_thw (frames, rows, columns) ---------
 GRID_THW = torch.tensor([[1, 4, 6], [2, 2, 4], [1, 6, 2]])  # two images and a two-frame video
+# Qwen2.5-VL's windows of 2 x 2 merge blocks: the 4 x 6 image cuts into a full window and a 2 x 1 one, the 6 x 2 into a
+# full one and a 1 x 1, each 2 x 4 frame is one window
 
 
-def qwen(attn: str = "sdpa") -> torch.nn.Module:
+def qwen(attn: str = "sdpa", family: str = "qwen2_vl") -> torch.nn.Module:
+    """Qwen2-VL's tower, or Qwen2.5-VL's: three layers, the middle one attending over whole frames and the others
+    within windows of 16 px (2 x 2 merge blocks of 2 x 2 patches of 4), so that the grids below cut into windows of
+    several sizes."""
     torch.manual_seed(0)
-    config = tf.Qwen2VLVisionConfig(depth=2, embed_dim=64, hidden_size=32, num_heads=4, patch_size=4,
-                                    spatial_merge_size=2, temporal_patch_size=2, mlp_ratio=2)  # fmt: skip
+    if family == "qwen2_vl":
+        config = tf.Qwen2VLVisionConfig(depth=2, embed_dim=64, hidden_size=32, num_heads=4, patch_size=4,
+                                        spatial_merge_size=2, temporal_patch_size=2, mlp_ratio=2)  # fmt: skip
+        tower = modeling_qwen2_vl.Qwen2VisionTransformerPretrainedModel
+    else:
+        config = tf.Qwen2_5_VLVisionConfig(depth=3, hidden_size=64, out_hidden_size=32, num_heads=4, patch_size=4,
+                                           intermediate_size=128, spatial_merge_size=2, temporal_patch_size=2,
+                                           window_size=16, fullatt_block_indexes=[1])  # fmt: skip
+        tower = modeling_qwen2_5_vl.Qwen2_5_VisionTransformerPretrainedModel
     config._attn_implementation = attn
-    model = modeling_qwen2_vl.Qwen2VisionTransformerPretrainedModel._from_config(config).eval()
+    model = tower._from_config(config).eval()
     with torch.no_grad():  # sharper attention than the random init's
         for block in model.blocks:
             block.attn.qkv.weight.mul_(4.0)
     return model
+
+
+QWENS = ["qwen2_vl", "qwen2_5_vl"]
+TOWER_NAMES = {"qwen2_vl": "Qwen2VisionTransformerPretrainedModel",
+               "qwen2_5_vl": "Qwen2_5_VisionTransformerPretrainedModel"}  # fmt: skip
+ROTARIES = {"qwen2_vl": modeling_qwen2_vl.Qwen2VLVisionRotaryEmbedding,
+            "qwen2_5_vl": modeling_qwen2_5_vl.Qwen2_5_VLVisionRotaryEmbedding}  # fmt: skip
 
 
 def patches(grid_thw: torch.Tensor = GRID_THW, seed: int = 3) -> torch.Tensor:
@@ -174,22 +195,24 @@ def run_qwen(model: torch.nn.Module, x: torch.Tensor, grid_thw: torch.Tensor = G
         return model(x, grid_thw=grid_thw).last_hidden_state  # [T, C]
 
 
+@pytest.mark.parametrize("family", QWENS)
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
-def test_qwen2_vl_inherited_rope_gives_the_towers_own_outputs(attn: str) -> None:
-    model = qwen(attn)
+def test_qwen_inherited_rope_gives_the_towers_own_outputs(attn: str, family: str) -> None:
+    model = qwen(attn, family)
     x = patches()
     with torch.no_grad():
         expected = model(x, grid_thw=GRID_THW)
         vispos.patch(model, "rope2d")
         got = model(x, grid_thw=GRID_THW)
-    assert model.vispos.settings["inherited"] == {"from": "transformers Qwen2VisionTransformerPretrainedModel"}
+    assert model.vispos.settings["inherited"] == {"from": f"transformers {TOWER_NAMES[family]}"}
     torch.testing.assert_close(got.last_hidden_state, expected.last_hidden_state, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got.pooler_output, expected.pooler_output, rtol=1e-5, atol=1e-5)  # the merger's
 
 
+@pytest.mark.parametrize("family", QWENS)
 @pytest.mark.parametrize("scheme", ["rope2d_mixed", "alibi2d", "pape2d"])
-def test_qwen2_vl_every_frame_gets_what_it_gets_alone(scheme: str) -> None:
-    model = vispos.patch(qwen(), scheme, inherit=False)
+def test_qwen_every_frame_gets_what_it_gets_alone(scheme: str, family: str) -> None:
+    model = vispos.patch(qwen(family=family), scheme, inherit=False)
     with torch.no_grad():
         for p in model.vispos.parameters():
             p.add_(torch.randn_like(p) * 0.1)
@@ -204,18 +227,19 @@ def test_qwen2_vl_every_frame_gets_what_it_gets_alone(scheme: str) -> None:
             start += h * w
 
 
-def test_qwen2_vl_linear_scaling_is_its_rope_at_scaled_positions(monkeypatch) -> None:
+@pytest.mark.parametrize("family", QWENS)
+def test_qwen_linear_scaling_is_its_rope_at_scaled_positions(monkeypatch, family: str) -> None:
     grid = torch.tensor([[1, 8, 6]])  # against a training grid of 4 x 4: factors 2 (rows) and 1.5 (columns)
     x = patches(grid)
-    own = modeling_qwen2_vl.Qwen2VLVisionRotaryEmbedding.forward
+    own = ROTARIES[family].forward
 
     def scaled(self, x, position_ids):  # noqa: ANN001, ANN202
         return own(self, x, position_ids / torch.tensor([2.0, 1.5]))
 
-    monkeypatch.setattr(modeling_qwen2_vl.Qwen2VLVisionRotaryEmbedding, "forward", scaled)
-    expected = run_qwen(qwen(), x, grid)
+    monkeypatch.setattr(ROTARIES[family], "forward", scaled)
+    expected = run_qwen(qwen(family=family), x, grid)
     monkeypatch.undo()
-    model = vispos.patch(qwen(), "rope2d")
+    model = vispos.patch(qwen(family=family), "rope2d")
     plain = run_qwen(model, x, grid)
     vispos.configure(model, scaling="linear", train_grid=(4, 4))
     got = run_qwen(model, x, grid)
@@ -242,19 +266,52 @@ def test_qwen2_vl_inside_its_vlm_and_saved_and_loaded(tmp_path) -> None:
     torch.testing.assert_close(run_qwen(loaded, x), run_qwen(tower, x), rtol=1e-5, atol=1e-5)
 
 
+def test_qwen2_5_vl_inside_its_vlm_saved_and_loaded_and_given_its_window_order(tmp_path) -> None:
+    torch.manual_seed(0)
+    tower = qwen(family="qwen2_5_vl")
+    rope = {"rope_type": "default", "mrope_section": [2, 2, 4], "rope_theta": 1e4}
+    text = tf.Qwen2_5_VLTextConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                   num_key_value_heads=1, vocab_size=64, rope_parameters=rope)  # fmt: skip
+    config = tf.Qwen2_5_VLConfig(vision_config=tower.config.to_dict(), text_config=text)
+    vlm = tf.Qwen2_5_VLForConditionalGeneration(config).eval()
+    x = patches()
+    patch_the_vlm(vlm, "model.visual", pixel_values=x, image_grid_thw=GRID_THW)
+    model = vispos.patch(tower, "alibi2d", inherit=False)
+    with torch.no_grad():
+        for p in model.vispos.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(tmp_path)
+    loaded = vispos.hf.from_pretrained(tmp_path)
+    torch.testing.assert_close(run_qwen(loaded, x), run_qwen(model, x), rtol=1e-5, atol=1e-5)
+    unpickled = pickle.loads(pickle.dumps(model))  # the patched classes are found by name
+    torch.testing.assert_close(run_qwen(unpickled, x), run_qwen(model, x), rtol=1e-5, atol=1e-5)
+    # a window order the caller computed beforehand (transformers' precomputed keywords) is the one followed: here
+    # the merge blocks in their own order, each frame one window
+    frames = GRID_THW[:, 0] * GRID_THW[:, 1] * GRID_THW[:, 2]
+    given = {"window_index": torch.arange(int(frames.sum()) // 4),
+             "cu_window_seqlens": torch.nn.functional.pad(frames.cumsum(0), (1, 0)).int()}  # fmt: skip
+    reference = qwen(family="qwen2_5_vl")
+    with torch.no_grad():
+        expected = reference(x, grid_thw=GRID_THW, **given).last_hidden_state
+        got = vispos.patch(qwen(family="qwen2_5_vl"), "rope2d")(x, grid_thw=GRID_THW, **given).last_hidden_state
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    assert (expected - run_qwen(reference, x)).abs().max() > 1e-2  # not the tower's own windows
+
+
 def test_unsupported_schemes_and_towers_are_refused_by_name() -> None:
     with pytest.raises(ValueError, match="learned2d on PixtralVisionModel: the tower has no token table"):
         vispos.patch(pixtral(), ["learned2d", "rope2d"])
     model = vispos.patch(pixtral(), "rope2d")
     with pytest.raises(ValueError, match="already patched"):
         vispos.patch(model, "rope2d")
-    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
 
-    config = tf.Qwen2_5_VLVisionConfig(depth=1, hidden_size=32, out_hidden_size=32, num_heads=2, patch_size=4,
-                                       intermediate_size=64)  # fmt: skip
-    tower = Qwen2_5_VisionTransformerPretrainedModel._from_config(config)
-    with pytest.raises(TypeError, match=r"Qwen2.5-VL's vision encoder .* supported vision towers: PixtralVisionModel, "
-                       "Qwen2VisionTransformerPretrainedModel"):  # fmt: skip
+    config = tf.Qwen3VLVisionConfig(depth=1, hidden_size=32, out_hidden_size=32, num_heads=2, patch_size=4,
+                                    intermediate_size=64, num_position_embeddings=16,
+                                    deepstack_visual_indexes=[])  # fmt: skip
+    tower = Qwen3VLVisionModel._from_config(config)
+    with pytest.raises(TypeError, match=r"Qwen3-VL's vision encoder .* supported vision towers: PixtralVisionModel, "
+                       "Qwen2VisionTransformerPretrainedModel, Qwen2_5_VisionTransformerPretrainedModel"):  # fmt: skip
         vispos.patch(tower, "rope2d")
     with pytest.raises(ValueError, match=r"grid_thw must be a tensor \[N, 3\]"):
         vispos.patch(qwen(), "rope2d")(patches(), grid_thw=torch.tensor([4, 6]))

@@ -227,10 +227,39 @@ class PatchedMergedTower(HoldsPositions):
         return super().forward(hidden_states, grid_thw, vispos_context=self.vispos_context(grid_thw), **kwargs)
 
 
+class PatchedWindowedTower(PatchedMergedTower):
+    """Mixin placed before Qwen2.5-VL's vision tower class: Qwen2-VL's sequence with its merge blocks reordered
+    window by window, as its forward reorders them before the first block (``window_index``); its layers attend
+    within each window or, at ``fullatt_block_indexes``, within each frame, by the ``cu_seqlens`` they are handed."""
+
+    def vispos_context(self, grid_thw: torch.Tensor, window_index: torch.Tensor | None = None) -> PositionContext:  # type: ignore[override]
+        """The positions of the window-ordered sequence for ``grid_thw`` [N, 3]; ``window_index``: the caller's
+        precomputed order of the merge blocks (transformers' ``window_index`` keyword), by default the tower's."""
+        cells, sizes, segments = merged_layout(grid_thw, self.spatial_merge_size)
+        if window_index is None:
+            from transformers.vision_utils import get_vision_window_index  # the function the tower's forward calls
+
+            window_index, _ = get_vision_window_index(grid_thw, self.spatial_merge_size, self.window_size,
+                                                      self.patch_size)  # fmt: skip
+        unit, order = self.spatial_merge_unit, window_index.to(cells.device)
+        cells = cells.reshape(-1, unit, 2)[order].reshape(1, -1, 2)
+        segments = segments.reshape(-1, unit)[order].reshape(1, -1)
+        return self.vispos.ragged_context(cells, sizes, segments=segments, separate=True)
+
+    def forward(self, hidden_states: torch.Tensor, grid_thw: torch.Tensor | None = None, **kwargs: Any) -> Any:
+        if grid_thw is None:
+            raise ValueError(
+                "a vispos-patched Qwen2.5-VL vision tower needs grid_thw [N, 3], as its processor gives it"
+            )
+        given = kwargs.get("window_index") if kwargs.get("cu_window_seqlens") is not None else None
+        ctx = self.vispos_context(grid_thw, given)
+        return super(PatchedMergedTower, self).forward(hidden_states, grid_thw, vispos_context=ctx, **kwargs)
+
+
 class PatchedPackedAttention:
-    """Mixin placed before Qwen2-VL's ``VisionAttention``: its fused ``qkv`` over the sequence [T, C], vispos's
-    positions, SDPA over each segment of the tower's ``cu_seqlens`` alone (its frames; a bias scheme's mask cut to
-    the segment's block), its ``proj``."""
+    """Mixin placed before Qwen2-VL's ``VisionAttention`` and Qwen2.5-VL's: its fused ``qkv`` over the sequence
+    [T, C], vispos's positions, SDPA over each segment of the tower's ``cu_seqlens`` alone (its frames or windows; a
+    bias scheme's mask cut to the segment's block), its ``proj``."""
 
     vispos_layer: int
 
@@ -338,7 +367,7 @@ def _eager_function(cls: type) -> Any:
 MIXINS: dict[str, type] = {
     m.__name__: m
     for m in (PatchedHost, PatchedEmbeddings, PatchedAttention, NoRope, PatchedTower, PatchedMergedTower,
-              PatchedPackedAttention)
+              PatchedWindowedTower, PatchedPackedAttention)
 }
 _CLASSES: dict[tuple[type, type], type] = {}
 _PREFIX = "Patched["

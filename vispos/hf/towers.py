@@ -16,6 +16,13 @@
   layout="half"``. The patch merger after the blocks is left as it is. Qwen2-VL trains at native resolution: it
   has no training grid, and vispos takes ``QWEN_GRID`` (32 x 32 patches) as the grid RoPE scaling counts from
   (``vispos.configure(model, scaling=..., train_grid=(H, W))`` gives another).
+- Qwen2.5-VL's encoder (``Qwen2_5_VisionTransformerPretrainedModel``, alone or inside
+  ``Qwen2_5_VLForConditionalGeneration``; ``models/qwen2_5_vl/modeling_qwen2_5_vl.py``): Qwen2-VL's sequence, RoPE
+  and merger, with the merge blocks reordered window by window before the first block (``window_index`` of
+  ``transformers.vision_utils.get_vision_window_index``: windows of ``window_size`` pixels, row-major in each frame,
+  each window's blocks row-major) and back after the merger. Its layers attend within each window
+  (``cu_window_seqlens``) but at ``fullatt_block_indexes``, within each frame; the positions follow the reordered
+  tokens, so every scheme sees each token at its own cell whichever segment the layer attends over.
 
 Patched, a tower keeps transformers' forward (its packing, its mask and the outputs it records) and gets one more
 keyword, ``vispos_context``: the packed sequence as a vispos ragged batch (``Positions.ragged_context`` with one
@@ -37,7 +44,15 @@ from torch import nn
 from .. import host as hosting
 from ..host import HostShape, OwnRope
 from ..positions import Positions
-from .modules import NoRope, PatchedAttention, PatchedMergedTower, PatchedPackedAttention, PatchedTower, patched
+from .modules import (
+    NoRope,
+    PatchedAttention,
+    PatchedMergedTower,
+    PatchedPackedAttention,
+    PatchedTower,
+    PatchedWindowedTower,
+    patched,
+)
 
 QWEN_GRID = (32, 32)  # the grid RoPE scaling counts from on Qwen2-VL, which has no training grid
 
@@ -70,10 +85,12 @@ TOWERS: dict[str, Tower] = {
                                 "patch_positional_embedding", "hidden_size", "num_attention_heads", image_size_grid),
     "Qwen2VisionTransformerPretrainedModel": Tower("VisionAttention", PatchedMergedTower, PatchedPackedAttention,
                                                    "shared", None, "embed_dim", "num_heads", lambda _: QWEN_GRID),
+    "Qwen2_5_VisionTransformerPretrainedModel": Tower("Qwen2_5_VLVisionAttention", PatchedWindowedTower,
+                                                      PatchedPackedAttention, "shared", None, "hidden_size",
+                                                      "num_heads", lambda _: QWEN_GRID),
 }  # fmt: skip
 
 REFUSED_TOWERS: dict[str, str] = {
-    "Qwen2_5_VisionTransformerPretrainedModel": "Qwen2.5-VL's vision encoder (window attention over merged patches)",
     "Qwen3VLVisionModel": "Qwen3-VL's vision encoder (interpolated learned positions beside its RoPE, deepstack)",
     "Idefics3VisionTransformer": "Idefics3 / SmolVLM's SigLIP tower (image tiles with a fixed table)",
 }
