@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--no-timm", action="store_true", help="leave out timm's own RoPE models")
     parser.add_argument("--towers", action="store_true",
-                        help="add the VLM vision towers' rows (Pixtral, Qwen2-VL, Qwen2.5-VL)")
+                        help="add the VLM vision towers' rows (Pixtral, Qwen2-VL, Qwen2.5-VL, Qwen3-VL)")
     parser.add_argument("--ops", type=int, default=0, help="print the N ops adding most bytes to each floor row")
     parser.add_argument("--quick", action="store_true", help="rope2d, rope2d_mixed, relbias2d at 224 px, batch 1")
     args = parser.parse_args(argv)

@@ -1,13 +1,14 @@
 """The VLM vision towers' rows of the counted benchmark (``benchmarks.patch_work --towers``).
 
-Pixtral's encoder, Qwen2-VL's and Qwen2.5-VL's, each at ViT-S's size (384 wide, 6 heads of 64, 12 layers, patch 16;
-the Qwens' 2 x 2 merge blocks and two-frame patches; Qwen2.5-VL's windows of 128 px, 8 x 8 patches, as its release's
-112 px windows of 14 px patches, with full attention at layers 3, 7 and 11, a quarter of its layers as in the release),
-random init, fed the benchmark's [B, 3, S, S] images: Pixtral packs the B images into one row; for the Qwens the images
-are cut into their pre-cut patches (the same reshape in every row, so it cancels) with ``grid_thw`` one frame of
+Pixtral's encoder, Qwen2-VL's, Qwen2.5-VL's and Qwen3-VL's, each at ViT-S's size (384 wide, 6 heads of 64, 12
+layers, patch 16; the Qwens' 2 x 2 merge blocks and two-frame patches; Qwen2.5-VL's windows of 128 px, 8 x 8 patches,
+as its release's 112 px windows of 14 px patches, with full attention at layers 3, 7 and 11, a quarter of its layers
+as in the release; Qwen3-VL's 48 x 48 learned table and DeepStack features after layers 2, 5 and 8), random init,
+fed the benchmark's [B, 3, S, S] images: Pixtral packs the B images into one row; for the Qwens the images are cut
+into their pre-cut patches (the same reshape in every row, so it cancels) with ``grid_thw`` one frame of
 S/16 x S/16 per image. Three rows per tower:
 
-- the tower patched with ``nope`` (``inherit=False``): no positions, the baseline;
+- the tower patched with ``nope`` (``inherit=False``): no positions (Qwen3-VL: no table either), the baseline;
 - the unpatched tower, its own RoPE: what transformers' RoPE adds;
 - the tower patched with ``rope2d``, its RoPE inherited (equal outputs): what vispos's adds.
 
@@ -88,8 +89,21 @@ def qwen2_5_vl(size: int) -> nn.Module:
     return Qwen2_5_VisionTransformerPretrainedModel._from_config(config)
 
 
+def qwen3_vl(size: int) -> nn.Module:
+    import transformers as tf
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
+
+    config = tf.Qwen3VLVisionConfig(depth=LAYERS, hidden_size=WIDTH, out_hidden_size=WIDTH, num_heads=HEADS,
+                                    intermediate_size=4 * WIDTH, patch_size=PATCH, spatial_merge_size=2,
+                                    temporal_patch_size=2, num_position_embeddings=48 * 48,
+                                    deepstack_visual_indexes=[2, 5, 8])  # fmt: skip
+    config._attn_implementation = "sdpa"
+    return Qwen3VLVisionModel._from_config(config)
+
+
 TOWERS: dict[str, Callable[[int], nn.Module]] = {
     "PixtralVisionModel": pixtral, "Qwen2-VL vision": qwen2_vl, "Qwen2.5-VL vision": qwen2_5_vl,
+    "Qwen3-VL vision": qwen3_vl,
 }  # fmt: skip
 
 

@@ -1,5 +1,6 @@
-"""VLM vision towers in transformers: Pixtral's encoder (alone and inside a Llava model), Qwen2-VL's and Qwen2.5-VL's
-(alone and inside their VLMs; Qwen2.5-VL's with window attention). Tiny random configs.
+"""VLM vision towers in transformers: Pixtral's encoder (alone and inside a Llava model), Qwen2-VL's, Qwen2.5-VL's and
+Qwen3-VL's (alone and inside their VLMs; Qwen2.5-VL's with window attention, Qwen3-VL's with a learned table and
+DeepStack). Tiny random configs.
 
 Both pack a batch into one sequence, each image (or video frame) at its own size: the patched tower must give the
 unpatched tower's outputs with its RoPE inherited, every image what it gets alone with any other scheme, and the
@@ -22,6 +23,7 @@ tf = pytest.importorskip("transformers")
 from transformers.models.pixtral import modeling_pixtral  # noqa: E402
 from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl  # noqa: E402
 from transformers.models.qwen2_vl import modeling_qwen2_vl  # noqa: E402
+from transformers.models.qwen3_vl import modeling_qwen3_vl  # noqa: E402
 
 SIZES = torch.tensor([[48, 64], [32, 40], [16, 24]])  # pixels: 6x8, 4x5 and 2x3 patches of 8
 PATCH = 8
@@ -157,14 +159,20 @@ GRID_THW = torch.tensor([[1, 4, 6], [2, 2, 4], [1, 6, 2]])  # two images and a t
 
 
 def qwen(attn: str = "sdpa", family: str = "qwen2_vl") -> torch.nn.Module:
-    """Qwen2-VL's tower, or Qwen2.5-VL's: three layers, the middle one attending over whole frames and the others
+    """Qwen2-VL's tower; Qwen2.5-VL's: three layers, the middle one attending over whole frames and the others
     within windows of 16 px (2 x 2 merge blocks of 2 x 2 patches of 4), so that the grids below cut into windows of
-    several sizes."""
+    several sizes; Qwen3-VL's: three layers, a 4 x 4 learned table (random, not the init's), DeepStack features of
+    the first two."""
     torch.manual_seed(0)
     if family == "qwen2_vl":
         config = tf.Qwen2VLVisionConfig(depth=2, embed_dim=64, hidden_size=32, num_heads=4, patch_size=4,
                                         spatial_merge_size=2, temporal_patch_size=2, mlp_ratio=2)  # fmt: skip
         tower = modeling_qwen2_vl.Qwen2VisionTransformerPretrainedModel
+    elif family == "qwen3_vl":
+        config = tf.Qwen3VLVisionConfig(depth=3, hidden_size=64, out_hidden_size=32, num_heads=4, patch_size=4,
+                                        intermediate_size=128, spatial_merge_size=2, temporal_patch_size=2,
+                                        num_position_embeddings=16, deepstack_visual_indexes=[0, 1])  # fmt: skip
+        tower = modeling_qwen3_vl.Qwen3VLVisionModel
     else:
         config = tf.Qwen2_5_VLVisionConfig(depth=3, hidden_size=64, out_hidden_size=32, num_heads=4, patch_size=4,
                                            intermediate_size=128, spatial_merge_size=2, temporal_patch_size=2,
@@ -175,14 +183,17 @@ def qwen(attn: str = "sdpa", family: str = "qwen2_vl") -> torch.nn.Module:
     with torch.no_grad():  # sharper attention than the random init's
         for block in model.blocks:
             block.attn.qkv.weight.mul_(4.0)
+        if family == "qwen3_vl":
+            model.pos_embed.weight.normal_()
     return model
 
 
-QWENS = ["qwen2_vl", "qwen2_5_vl"]
+QWENS = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"]
 TOWER_NAMES = {"qwen2_vl": "Qwen2VisionTransformerPretrainedModel",
-               "qwen2_5_vl": "Qwen2_5_VisionTransformerPretrainedModel"}  # fmt: skip
+               "qwen2_5_vl": "Qwen2_5_VisionTransformerPretrainedModel", "qwen3_vl": "Qwen3VLVisionModel"}  # fmt: skip
 ROTARIES = {"qwen2_vl": modeling_qwen2_vl.Qwen2VLVisionRotaryEmbedding,
-            "qwen2_5_vl": modeling_qwen2_5_vl.Qwen2_5_VLVisionRotaryEmbedding}  # fmt: skip
+            "qwen2_5_vl": modeling_qwen2_5_vl.Qwen2_5_VLVisionRotaryEmbedding,
+            "qwen3_vl": modeling_qwen3_vl.Qwen3VLVisionRotaryEmbedding}  # fmt: skip
 
 
 def patches(grid_thw: torch.Tensor = GRID_THW, seed: int = 3) -> torch.Tensor:
@@ -207,6 +218,9 @@ def test_qwen_inherited_rope_gives_the_towers_own_outputs(attn: str, family: str
     assert model.vispos.settings["inherited"] == {"from": f"transformers {TOWER_NAMES[family]}"}
     torch.testing.assert_close(got.last_hidden_state, expected.last_hidden_state, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got.pooler_output, expected.pooler_output, rtol=1e-5, atol=1e-5)  # the merger's
+    for ours, theirs in zip(getattr(got, "deepstack_features", []), getattr(expected, "deepstack_features", []),
+                            strict=True):  # fmt: skip
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)  # Qwen3-VL's DeepStack mergers'
 
 
 @pytest.mark.parametrize("family", QWENS)
@@ -298,20 +312,58 @@ def test_qwen2_5_vl_inside_its_vlm_saved_and_loaded_and_given_its_window_order(t
     assert (expected - run_qwen(reference, x)).abs().max() > 1e-2  # not the tower's own windows
 
 
+def test_qwen3_vl_keeps_its_table_with_its_rope_and_drops_both_otherwise() -> None:
+    """Qwen3-VL's learned table goes with its RoPE: ``nope`` with ``inherit=False`` is the unpatched tower with a zero
+    table and no rotation (inv_freq 0); replacing the RoPE while inheriting drops the table too, and says so."""
+    x = patches()
+    reference = qwen(family="qwen3_vl")
+    with torch.no_grad():
+        reference.pos_embed.weight.zero_()
+        reference.rotary_pos_emb.inv_freq.zero_()
+        expected = run_qwen(reference, x)
+        got = run_qwen(vispos.patch(qwen(family="qwen3_vl"), "nope", inherit=False), x)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    with pytest.warns(UserWarning, match=r"RoPE and the learned table beside it \(pos_embed\) .* is discarded"):
+        replaced = vispos.patch(qwen(family="qwen3_vl"), "alibi2d")
+    fresh = vispos.patch(qwen(family="qwen3_vl"), "alibi2d", inherit=False)
+    torch.testing.assert_close(run_qwen(replaced, x), run_qwen(fresh, x), rtol=1e-5, atol=1e-5)
+    assert "pos_embed.weight" in replaced.state_dict()  # dropped from the sum, kept in the checkpoint
+    with pytest.raises(ValueError, match=r"learned2d on Qwen3VLVisionModel: the tower has a table of its own"):
+        vispos.patch(qwen(family="qwen3_vl"), ["learned2d", "rope2d"])
+
+
+def test_qwen3_vl_inside_its_vlm_and_saved_and_loaded(tmp_path) -> None:
+    tower = qwen(family="qwen3_vl")
+    rope = {"rope_type": "default", "mrope_section": [2, 2, 4], "rope_theta": 1e4}
+    text = tf.Qwen3VLTextConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                num_key_value_heads=1, vocab_size=64, head_dim=16, rope_parameters=rope)  # fmt: skip
+    vlm = tf.Qwen3VLForConditionalGeneration(tf.Qwen3VLConfig(vision_config=tower.config.to_dict(), text_config=text))
+    vlm.eval()
+    x = patches()
+    patch_the_vlm(vlm, "model.visual", pixel_values=x, image_grid_thw=GRID_THW)
+    model = vispos.patch(tower, "rope2d")
+    vispos.configure(model, scaling="yarn", train_grid=(2, 2))
+    model.save_pretrained(tmp_path)
+    loaded = vispos.hf.from_pretrained(tmp_path)
+    torch.testing.assert_close(run_qwen(loaded, x), run_qwen(model, x), rtol=1e-5, atol=1e-5)
+    unpickled = pickle.loads(pickle.dumps(vispos.patch(qwen(family="qwen3_vl"), "nope", inherit=False)))
+    assert not unpickled.pos_embed(torch.arange(3)).any()  # the table stays dropped
+
+
 def test_unsupported_schemes_and_towers_are_refused_by_name() -> None:
     with pytest.raises(ValueError, match="learned2d on PixtralVisionModel: the tower has no token table"):
         vispos.patch(pixtral(), ["learned2d", "rope2d"])
     model = vispos.patch(pixtral(), "rope2d")
     with pytest.raises(ValueError, match="already patched"):
         vispos.patch(model, "rope2d")
-    from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
+    from transformers.models.idefics3.modeling_idefics3 import Idefics3VisionTransformer
 
-    config = tf.Qwen3VLVisionConfig(depth=1, hidden_size=32, out_hidden_size=32, num_heads=2, patch_size=4,
-                                    intermediate_size=64, num_position_embeddings=16,
-                                    deepstack_visual_indexes=[])  # fmt: skip
-    tower = Qwen3VLVisionModel._from_config(config)
-    with pytest.raises(TypeError, match=r"Qwen3-VL's vision encoder .* supported vision towers: PixtralVisionModel, "
-                       "Qwen2VisionTransformerPretrainedModel, Qwen2_5_VisionTransformerPretrainedModel"):  # fmt: skip
+    config = tf.Idefics3VisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                     image_size=32, patch_size=4)  # fmt: skip
+    tower = Idefics3VisionTransformer._from_config(config)
+    with pytest.raises(TypeError, match=r"Idefics3 / SmolVLM's SigLIP tower .* supported vision towers: "
+                       "PixtralVisionModel, Qwen2VisionTransformerPretrainedModel, "
+                       "Qwen2_5_VisionTransformerPretrainedModel, Qwen3VLVisionModel"):  # fmt: skip
         vispos.patch(tower, "rope2d")
     with pytest.raises(ValueError, match=r"grid_thw must be a tensor \[N, 3\]"):
         vispos.patch(qwen(), "rope2d")(patches(), grid_thw=torch.tensor([4, 6]))

@@ -6,8 +6,8 @@ model is patched; transformers is not a dependency of vispos itself).
 - ``modules.py``: the patched classes of the host model, its embeddings, its attentions (and DINOv3's
   ``rope_embeddings``), made once per transformers class and found again by pickle.
 - ``patching.py``: ``patch``.
-- ``towers.py``: the vision towers of vision-language models (Pixtral's, Qwen2-VL's and Qwen2.5-VL's encoders, alone or
-  in their VLMs), patched around transformers' own forward, and those refused by name.
+- ``towers.py``: the vision towers of vision-language models (Pixtral's and the Qwen2-VL, Qwen2.5-VL and Qwen3-VL
+  encoders, alone or in their VLMs), patched around transformers' own forward, and those refused by name.
 - ``loading.py``: ``from_pretrained``, which builds a saved model with the constructor options it was saved with.
 
 Supported transformers: 5.18 and newer (``make test`` runs the newest release, ``make test-hf-min`` the
@@ -39,6 +39,8 @@ What the adapter touches in transformers:
   ``Qwen2_5_VLVisionAttention``), with ``window_size``, ``patch_size``, ``spatial_merge_unit`` and
   ``transformers.vision_utils.get_vision_window_index`` (the window order its forward follows; its precomputed
   ``window_index`` / ``cu_window_seqlens`` keywords).
+- Qwen3-VL's tower: as Qwen2-VL's (``config.hidden_size``; ``Qwen3VLVisionAttention``), and ``pos_embed`` (an
+  ``nn.Embedding`` called on the interpolation indices, its output summed with weights by the tower).
 - ``transformers.AutoConfig`` and the model classes named by ``config.architectures`` (``from_pretrained``): their
   constructors' parameters, and the state-dict entries of the optional parts of ``families.CONSTRUCTOR_OPTIONS``.
 """

@@ -151,6 +151,18 @@ class NoRope:
         return None
 
 
+class TowerTable:
+    """Mixin for Qwen3-VL's ``pos_embed`` (an ``nn.Embedding`` the tower interpolates to each image): it goes with the
+    tower's RoPE. While the positions hold that RoPE (their settings record it as ``inherited``, through saving and
+    loading) the table is looked up as before; otherwise every lookup is zero and the tower adds nothing (the
+    weight stays in the state dict)."""
+
+    def forward(self, indices: torch.Tensor) -> torch.Tensor:
+        if "inherited" in self.__dict__["vispos_positions"].settings:  # a plain reference, not a submodule
+            return super().forward(indices)  # type: ignore[misc]
+        return self.weight.new_zeros(*indices.shape, self.weight.shape[-1])
+
+
 def packed_layout(image_sizes: Any, patch_size: int, device: torch.device) -> tuple[torch.Tensor, ...]:
     """Pixtral's packed row: (cells [1, T, 2] (y, x) of each token in its image, sizes [1, S, 2] each image's grid,
     segments [1, T] its image), as its forward lays the tokens out."""
@@ -213,8 +225,8 @@ def merged_layout(grid_thw: torch.Tensor, merge: int) -> tuple[torch.Tensor, ...
 
 
 class PatchedMergedTower(HoldsPositions):
-    """Mixin placed before Qwen2-VL's vision tower class: transformers' forward with the positions of
-    ``self.vispos`` (``towers.py``)."""
+    """Mixin placed before Qwen2-VL's and Qwen3-VL's vision tower classes: transformers' forward with the positions
+    of ``self.vispos`` (``towers.py``)."""
 
     def vispos_context(self, grid_thw: torch.Tensor) -> PositionContext:  # type: ignore[override]
         """The positions of the sequence the tower takes for ``grid_thw`` [N, 3] (frames, rows, columns each)."""
@@ -223,7 +235,7 @@ class PatchedMergedTower(HoldsPositions):
 
     def forward(self, hidden_states: torch.Tensor, grid_thw: torch.Tensor | None = None, **kwargs: Any) -> Any:
         if grid_thw is None:
-            raise ValueError("a vispos-patched Qwen2-VL vision tower needs grid_thw [N, 3], as its processor gives it")
+            raise ValueError("a vispos-patched Qwen-VL vision tower needs grid_thw [N, 3], as its processor gives it")
         return super().forward(hidden_states, grid_thw, vispos_context=self.vispos_context(grid_thw), **kwargs)
 
 
@@ -366,7 +378,7 @@ def _eager_function(cls: type) -> Any:
 
 MIXINS: dict[str, type] = {
     m.__name__: m
-    for m in (PatchedHost, PatchedEmbeddings, PatchedAttention, NoRope, PatchedTower, PatchedMergedTower,
+    for m in (PatchedHost, PatchedEmbeddings, PatchedAttention, NoRope, TowerTable, PatchedTower, PatchedMergedTower,
               PatchedWindowedTower, PatchedPackedAttention)
 }
 _CLASSES: dict[tuple[type, type], type] = {}

@@ -23,12 +23,18 @@
   each window's blocks row-major) and back after the merger. Its layers attend within each window
   (``cu_window_seqlens``) but at ``fullatt_block_indexes``, within each frame; the positions follow the reordered
   tokens, so every scheme sees each token at its own cell whichever segment the layer attends over.
+- Qwen3-VL's encoder (``Qwen3VLVisionModel``, alone or inside ``Qwen3VLForConditionalGeneration``;
+  ``models/qwen3_vl/modeling_qwen3_vl.py``): Qwen2-VL's sequence, RoPE and frame-by-frame attention, a learned table
+  (``pos_embed``, a square grid interpolated bilinearly to each image's grid and added after the patch embedding)
+  and DeepStack (the merged features of some layers, ``deepstack_visual_indexes``). Kept with the inherited RoPE,
+  the table stays the tower's own (transformers computes it); when the RoPE is replaced or ``inherit=False``, the
+  table goes with it (``TowerTable``: every lookup zero). DeepStack's mergers are left as they are.
 
 Patched, a tower keeps transformers' forward (its packing, its mask and the outputs it records) and gets one more
 keyword, ``vispos_context``: the packed sequence as a vispos ragged batch (``Positions.ragged_context`` with one
 segment per image or frame, each at the size it has alone), which transformers' layers hand to their attention.
-Pixtral's RoPE module then computes nothing (``NoRope``); Qwen2-VL's is left to compute what no layer reads.
-Attention schemes only: neither tower has a token table, so an additive or conditional scheme is refused by name.
+Pixtral's RoPE module then computes nothing (``NoRope``); the Qwens' are left to compute what no layer reads.
+Attention schemes only: no tower has a hook for vispos's additive or conditional schemes, which are refused by name.
 
 Towers not supported are refused by name (``REFUSED_TOWERS``), with the supported list.
 """
@@ -51,6 +57,7 @@ from .modules import (
     PatchedPackedAttention,
     PatchedTower,
     PatchedWindowedTower,
+    TowerTable,
     patched,
 )
 
@@ -68,7 +75,8 @@ def image_size_grid(config: Any) -> tuple[int, int]:
 class Tower:
     """One supported tower: the class name of its attention, the mixins its tower and attention classes take, its
     RoPE's ``bands`` as ``rope2d``, the RoPE module that computes nothing once patched (None: left as it is), the
-    config fields of its width and heads, and the grid its positions count from."""
+    config fields of its width and heads, the grid its positions count from, and the learned table the tower adds
+    itself (None: it has none)."""
 
     attention: str
     host: type
@@ -78,6 +86,7 @@ class Tower:
     width: str
     heads: str
     grid: Callable[[Any], tuple[int, int]]
+    table: str | None = None
 
 
 TOWERS: dict[str, Tower] = {
@@ -88,10 +97,11 @@ TOWERS: dict[str, Tower] = {
     "Qwen2_5_VisionTransformerPretrainedModel": Tower("Qwen2_5_VLVisionAttention", PatchedWindowedTower,
                                                       PatchedPackedAttention, "shared", None, "hidden_size",
                                                       "num_heads", lambda _: QWEN_GRID),
+    "Qwen3VLVisionModel": Tower("Qwen3VLVisionAttention", PatchedMergedTower, PatchedPackedAttention, "shared", None,
+                                "hidden_size", "num_heads", lambda _: QWEN_GRID, table="pos_embed"),
 }  # fmt: skip
 
 REFUSED_TOWERS: dict[str, str] = {
-    "Qwen3VLVisionModel": "Qwen3-VL's vision encoder (interpolated learned positions beside its RoPE, deepstack)",
     "Idefics3VisionTransformer": "Idefics3 / SmolVLM's SigLIP tower (image tiles with a fixed table)",
 }
 
@@ -126,9 +136,10 @@ def own_rope(tower: nn.Module) -> OwnRope:
     config = tower.config
     parameters = getattr(config, "rope_parameters", None) or {}  # older releases: config.rope_theta
     theta = float(parameters.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
-    options = {"theta": theta, "coords": "pixel", "axes": "yx", "layout": "half", "offset": 0.0,
-               "bands": TOWERS[type(tower).__name__].bands}  # fmt: skip
-    return OwnRope("rope2d", options, f"transformers {type(tower).__name__}")
+    spec = TOWERS[type(tower).__name__]
+    options = {"theta": theta, "coords": "pixel", "axes": "yx", "layout": "half", "offset": 0.0, "bands": spec.bands}
+    what = "RoPE" if spec.table is None else f"RoPE and the learned table beside it ({spec.table})"
+    return OwnRope("rope2d", options, f"transformers {type(tower).__name__}", what=what)
 
 
 def tower_shape(tower: nn.Module, layers: list[nn.Module]) -> tuple[HostShape, tuple[int, int]]:
@@ -143,12 +154,13 @@ def patch_tower(tower: nn.Module, pos: Any, inherit: bool, options: dict[str, An
     layers = tower_attentions(tower)
     spec = TOWERS[type(tower).__name__]
     own = own_rope(tower) if inherit else None
-    schemes, per_scheme, kept = hosting.plan_schemes(pos, options, own=own, has_table=False)
+    schemes, per_scheme, kept = hosting.plan_schemes(pos, options, own=own, has_table=False)  # a table: its own
     additive, attention, conditional = schemes
     if additive is not None or conditional is not None:
         which = (additive or conditional).name
+        has = "no token table" if spec.table is None else f"a table of its own ({spec.table}, kept with its RoPE)"
         raise ValueError(
-            f"{which} on {type(tower).__name__}: the tower has no token table or hook for additive and conditional "
+            f"{which} on {type(tower).__name__}: the tower has {has} and no hook for vispos's additive and conditional "
             "schemes; use an attention scheme (rope2d and the other rotary, bias and channel schemes)"
         )
     shape, grid = tower_shape(tower, layers)
@@ -161,4 +173,8 @@ def patch_tower(tower: nn.Module, pos: Any, inherit: bool, options: dict[str, An
     if spec.rope_module is not None:
         rope = getattr(tower, spec.rope_module)
         rope.__class__ = patched(type(rope), NoRope)
+    if spec.table is not None:  # the table goes with the RoPE it was trained beside
+        table = getattr(tower, spec.table)
+        table.__class__ = patched(type(table), TowerTable)
+        table.__dict__["vispos_positions"] = positions
     return positions
