@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from train.config.sections import ConfigError
 from train.engine.trainer import NonFiniteLossError, StopRequested
 from train.experiment.run import run_experiment
 from train.testing import tiny_config
@@ -89,3 +90,33 @@ def test_multires_resume_draws_the_sizes_of_an_uninterrupted_run(tmp_path: Path)
     assert set(a["sizes_drawn"]) == {16, 20, 28} and b["sizes_drawn"][:6] == cut["sizes_drawn"]
     assert [r["sizes"] for r in a["history"]] == [r["sizes"] for r in b["history"]]
     assert all(torch.equal(v, b["model"][k]) for k, v in a["model"].items() if torch.is_tensor(v))
+
+
+def test_a_run_folder_kept_without_its_checkpoints_skips_its_finished_entries(tmp_path: Path) -> None:
+    """summary.json and eval.json (a few kB, committed with the results) are enough for a rerun to count an entry as
+    finished; an entry is trained again only where its weights are needed: an evaluation the cache lacks, or an
+    evaluation-only entry built on it."""
+    schemes = ["rope2d", {"name": "rope2d+linear", "base": "rope2d", "scaling": "linear"}, "learned2d"]
+    first = run_experiment(tiny_config(tmp_path, schemes=schemes))
+    summary = json.loads((tmp_path / "rope2d" / "summary.json").read_text())
+    assert summary["summary"]["curve"] == [list(c) for c in first.schemes["rope2d"].train.curve]
+    for name in ("rope2d", "learned2d"):
+        (tmp_path / name / "checkpoint.pt").unlink()
+    again = run_experiment(tiny_config(tmp_path, schemes=schemes))
+    assert not (tmp_path / "rope2d" / "checkpoint.pt").exists()  # nothing trained
+    for name in ("rope2d", "rope2d+linear", "learned2d"):
+        assert again.schemes[name].accuracy == first.schemes[name].accuracy
+    assert again.schemes["rope2d"].train.history == first.schemes["rope2d"].train.history
+    # the evaluation-only entry's cache gone: its base is trained again (the same run: the same weights)
+    (tmp_path / "rope2d+linear" / "eval.json").unlink()
+    third = run_experiment(tiny_config(tmp_path, schemes=schemes))
+    assert (tmp_path / "rope2d" / "checkpoint.pt").exists() and not (tmp_path / "learned2d" / "checkpoint.pt").exists()
+    assert third.schemes["rope2d+linear"].accuracy == first.schemes["rope2d+linear"].accuracy
+    # other evaluation settings: the cache does not match, so the entry trains for the weights
+    fourth = run_experiment(tiny_config(tmp_path, schemes=schemes, eval={"sizes": [20, 28]}))
+    assert (tmp_path / "learned2d" / "checkpoint.pt").exists()
+    assert fourth.schemes["learned2d"].accuracy["resize"][28] == first.schemes["learned2d"].accuracy["resize"][28]
+    # a summary of another config is not taken for this one's
+    with pytest.raises(ConfigError, match=r"summary of a training with a different config \(differs in: train\.lr\)"):
+        (tmp_path / "learned2d" / "checkpoint.pt").unlink()
+        run_experiment(tiny_config(tmp_path, schemes=["learned2d"], train={"lr": 1e-3}))

@@ -3,10 +3,17 @@ the validation curve.
 
 ``SchemeTrainer`` holds what one scheme's training needs (model, its EMA, optimiser, schedule, loader) and
 where it stands (``Progress``); a checkpoint stores both, so a killed run resumes at the step it stopped.
+
+A finished training also writes ``summary.json`` (how it went, with its config's fingerprint) beside the checkpoint.
+The summary and the entry's ``eval.json`` are a few kilobytes: a run folder kept without its checkpoints (committed
+with the results, carried to another machine) still counts its entries as finished, and they are trained again
+only where their weights are needed (an evaluation the cache does not hold).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -44,8 +51,28 @@ class StopRequested(RuntimeError):
 
 @dataclass
 class TrainResult:
-    model: nn.Module  # the weights to evaluate (their EMA with train.ema), positions switched off for a DroPE entry
-    summary: TrainSummary
+    model: nn.Module | None  # the weights to evaluate (their EMA with train.ema), positions switched off for a DroPE
+    summary: TrainSummary  # entry; None: the training finished elsewhere and only its summary is kept (summary.json)
+
+
+SUMMARY = "summary.json"  # a finished training's TrainSummary and fingerprint, beside its checkpoint
+
+
+def kept_summary(folder: Path, fingerprint: dict[str, Any]) -> TrainSummary | None:
+    """The summary of a training finished in ``folder`` (None: there is none); one of another config is refused, as
+    its checkpoint would be (the results it stands for are not overwritten)."""
+    path = folder / SUMMARY
+    try:
+        saved = json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    diff = ckpt_io.fingerprint_diff(saved.get("fingerprint", {}), json.loads(json.dumps(fingerprint)))
+    if diff:
+        raise ConfigError(
+            f"{path} is the summary of a training with a different config (differs in: {', '.join(diff)}); "
+            "set resume=false to start it over, or choose another out_dir"
+        )
+    return TrainSummary(**saved["summary"])
 
 
 @dataclass
@@ -77,9 +104,15 @@ def loss_of(logits: torch.Tensor, y: torch.Tensor, target: torch.Tensor, label_s
 
 
 def train_scheme(cfg: ExperimentConfig, scheme: SchemeConfig, data: DataBundle, rt: Runtime, folder: Path,
-                 log: Callable[[str], None] = print) -> TrainResult:
-    """Train one scheme (or resume it, or load it when already finished)."""
-    return SchemeTrainer(cfg, scheme, data, rt, folder, log).run()
+                 log: Callable[[str], None] = print, *, need_weights: bool = True) -> TrainResult:
+    """Train one scheme (or resume it, or load it when already finished). Without ``need_weights``, a training
+    finished in a folder whose checkpoint is gone (its ``summary.json`` kept) gives its summary and no model."""
+    trainer = SchemeTrainer(cfg, scheme, data, rt, folder, log)
+    if cfg.resume and not trainer.path.exists():
+        summary = kept_summary(folder, trainer.fingerprint)
+        if summary is not None and not need_weights:
+            return TrainResult(None, summary)
+    return trainer.run()
 
 
 class SchemeTrainer:
@@ -329,6 +362,9 @@ class SchemeTrainer:
                                train_loss=last.get("train_loss"), train_acc=last.get("train_acc"),
                                val_acc=last.get("val_acc"), skipped_images=p.skipped, history=p.history,
                                weights="final" if self.ema is None else "ema", curve=p.curve, total_steps=self.total)
+        if self.rt.is_main:  # finished (a training, or a finished checkpoint loaded): its summary, kept without it
+            (self.folder / SUMMARY).write_text(json.dumps(
+                {"fingerprint": self.fingerprint, "summary": dataclasses.asdict(summary)}, indent=1))
         return TrainResult(self.evaluated, summary)
 
     def _nan_message(self, what: str, value: float, epoch: int, step: int) -> str:

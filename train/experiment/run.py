@@ -32,7 +32,7 @@ from ..engine.finetune import finetune
 from ..engine.finetune import fingerprint as finetune_fingerprint
 from ..engine.models import build_model, configure_eval, preflight, set_positions
 from ..engine.sharded import full_state
-from ..engine.trainer import train_scheme
+from ..engine.trainer import SUMMARY, train_scheme
 from ..evaluation.accuracy import eval_sizes, evaluate_model
 from ..evaluation.convergence import NOT_CHECKED, Convergence
 from ..evaluation.report import write_outputs
@@ -140,8 +140,9 @@ class Experiment:
         cached = _cached(folder / "eval.json", fp) if self.cfg.resume else None
         summary: TrainSummary | None = None
         model: nn.Module | None = None
-        if s.trains:
-            trained = train_scheme(self.cfg, s, self.data, self.rt, folder, log=self.say)
+        if s.trains:  # the weights only where this run evaluates or fine-tunes them (else a kept summary will do)
+            needed = cached is None or self.cfg.finetune.size is not None
+            trained = train_scheme(self.cfg, s, self.data, self.rt, folder, log=self.say, need_weights=needed)
             model, summary = trained.model, trained.summary
         if cached is not None:
             acc, skipped = accuracy_from_json(cached["accuracy"]), cached["skipped_images"]
@@ -186,8 +187,15 @@ class Experiment:
                 "scaling_options": scheme.scaling_options, "log_n_attention": scheme.log_n_attention}
 
     def _load_trained(self, base: SchemeConfig) -> nn.Module:
-        """The final weights of a trained scheme of this run (for evaluation-only entries)."""
-        path = scheme_folder(self.cfg.run_dir, base.name) / "checkpoint.pt"
+        """The final weights of a trained scheme of this run (for evaluation-only entries); trained again when the
+        run folder keeps only its summary (``train.engine.trainer.SUMMARY``)."""
+        folder = scheme_folder(self.cfg.run_dir, base.name)
+        path = folder / "checkpoint.pt"
+        if not path.exists() and (folder / SUMMARY).exists():
+            self.say(f"[{base.name}] trained again: its weights are not kept in {folder} (summary.json only)")
+            model = train_scheme(self.cfg, base, self.data, self.rt, folder, log=self.say).model
+            assert model is not None
+            return model
         ck = ckpt_io.load(path)
         if not ck["finished"]:
             raise ckpt_io.CheckpointError(f"{path} is not a finished training run; rerun the config to finish it")
