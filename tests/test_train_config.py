@@ -116,9 +116,36 @@ def test_multires_seeds_and_finetune_checks() -> None:
         config_from_dict({**BASE, "seeds": [0, 0]})
     with pytest.raises(ConfigError, match="finetune: size, steps and batch_size must be >= 1"):
         config_from_dict({**BASE, "finetune": {"size": 56, "steps": 0}})
-    with pytest.raises(ConfigError, match=r"schemes\[rope2d\+linear\]: sizes and augment .* need a trained entry"):
+    with pytest.raises(ConfigError, match=r"schemes\[rope2d\+linear\]: sizes, augment and num_heads .* need a trained"):
         config_from_dict({**BASE, "schemes": ["rope2d", {"name": "rope2d+linear", "base": "rope2d", "sizes": [16]}]})
     with pytest.raises(ConfigError, match=r"schemes\[a\]\.sizes: sizes in \[1, data\.img_size=28\]"):
         config_from_dict({**BASE, "schemes": [{"name": "a", "pos": "rope2d", "sizes": [56]}]})
+    with pytest.raises(ConfigError, match=r"schemes\[a\]\.num_heads must be >= 1, or null \(model\.num_heads\), got 0"):
+        config_from_dict({**BASE, "schemes": [{"name": "a", "pos": "lookhere2d", "num_heads": 0}]})
     cfg = config_from_dict(apply_overrides(BASE, ["seeds=[0,1,2]", "finetune.size=56", "train.size_range=[12,28]"]))
     assert cfg.seeds == [0, 1, 2] and cfg.finetune.size == 56 and cfg.train.size_range == [12, 28]
+
+
+def test_an_entrys_own_heads_replace_the_models_for_its_training_and_its_evaluation(tmp_path) -> None:
+    """LookHere's fields of view are per head: its entry may take 4 heads of 16 beside rotary rows at one head of 64,
+    the same width and parameters. An evaluation-only row loads its base's weights into a model of the base's heads
+    (relbias2d's table is per head: a model of the run's one head would refuse its checkpoint)."""
+    import torch
+
+    from train.engine.models import build_model
+    from train.experiment.run import run_experiment
+    from train.testing import tiny_config
+
+    schemes = ["rope2d", {"name": "relbias2d", "pos": "relbias2d", "num_heads": 4},
+               {"name": "relbias2d+logn", "base": "relbias2d", "log_n_attention": True}]  # fmt: skip
+    cfg = tiny_config(tmp_path, schemes=schemes, model={"num_heads": 1}, train={"epochs": 1})
+    lookhere = SchemeConfig(name="lookhere2d", pos=["lookhere2d"], num_heads=4)
+    models = [build_model(cfg.model, s, img_size=28, num_classes=10, in_chans=1, seed=0)
+              for s in (lookhere, cfg.scheme("rope2d"))]  # fmt: skip
+    assert [m.blocks[0].attn.num_heads for m in models] == [4, 1]
+    assert [m.vispos.attention[0].num_heads for m in models[:1]] == [4]  # its four fields of view
+    assert sum(p.numel() for p in models[0].parameters()) == sum(p.numel() for p in models[1].parameters())
+    out = run_experiment(cfg)
+    assert set(out.schemes) == {"rope2d", "relbias2d", "relbias2d+logn"}
+    state = torch.load(tmp_path / "relbias2d" / "checkpoint.pt", weights_only=True)
+    assert state["scheme"]["num_heads"] == 4

@@ -93,6 +93,9 @@ class SchemeConfig(SchemeEntry):
     # a recipe's own training levers, in place of the shared ones (trained entries only)
     sizes: list[int] | None = None  # multi-resolution set (px), in place of train.sizes / size_range
     augment: Literal["none", "flip", "crop_flip", "rrc_flip"] | None = None  # in place of data.augment
+    # the entry's own heads at the run's width, in place of model.num_heads: a scheme defined per head (LookHere's
+    # fields of view) beside rotary rows at wide heads
+    num_heads: int | None = None
 
 
 @dataclass

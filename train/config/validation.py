@@ -82,9 +82,11 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
         raise ConfigError("data: give both mean and std, or neither")
     _validate_multires(t, d.img_size)
     for s in cfg.schemes:
-        if not s.trains and (s.sizes is not None or s.augment is not None):
-            raise ConfigError(f"schemes[{s.name}]: sizes and augment (training levers) need a trained entry, "
-                              "not an evaluation-only one (base)")
+        if not s.trains and (s.sizes is not None or s.augment is not None or s.num_heads is not None):
+            raise ConfigError(f"schemes[{s.name}]: sizes, augment and num_heads (training levers) need a trained "
+                              "entry, not an evaluation-only one (base)")
+        if s.num_heads is not None and (isinstance(s.num_heads, bool) or s.num_heads < 1):
+            raise ConfigError(f"schemes[{s.name}].num_heads must be >= 1, or null (model.num_heads), got {s.num_heads}")
         if s.sizes is not None:
             _validate_multires(TrainConfig(sizes=s.sizes), d.img_size, f"schemes[{s.name}].sizes")
     f = cfg.finetune

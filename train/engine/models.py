@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from typing import Any
 
@@ -70,7 +71,10 @@ def build_model(m: ModelConfig, scheme: SchemeConfig, *, img_size: int, num_clas
                 seed: int | None) -> nn.Module:
     """timm.create_model with the config's architecture (same seed for every scheme), then vispos.patch.
 
-    ``seed=None`` leaves the global RNG alone (``preflight``'s meta-device models draw nothing)."""
+    ``seed=None`` leaves the global RNG alone (``preflight``'s meta-device models draw nothing). An entry's own
+    ``num_heads`` replaces the model's."""
+    if scheme.num_heads is not None:
+        m = dataclasses.replace(m, num_heads=scheme.num_heads)
     kwargs = timm_kwargs(m, img_size=img_size, num_classes=num_classes, in_chans=in_chans)
     timm_table = scheme.pos == [TIMM_TABLE]
     if timm_table:
