@@ -102,7 +102,8 @@ TOWERS: dict[str, Tower] = {
 }  # fmt: skip
 
 REFUSED_TOWERS: dict[str, str] = {
-    "Idefics3VisionTransformer": "Idefics3 / SmolVLM's SigLIP tower (image tiles with a fixed table)",
+    "Idefics3VisionTransformer": "Idefics3 / SmolVLM's SigLIP tower (each image's patches look its fixed table up by "
+    "bucketed fractional coordinates, a lookup no vispos table reproduces)",
 }
 
 
