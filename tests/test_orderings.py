@@ -104,3 +104,21 @@ def test_a_run_with_some_of_the_claimed_schemes_checks_their_pairs_and_names_the
     (tmp_path / "results.json").write_text(json.dumps(_run({"rope2d": [50.0], "alibi2d": [60.0]}).to_json()))
     assert cli.main([str(tmp_path), "--sizes", "28", "--claims", "rope_vit"]) == 2
     assert "has 1 of RoPE-ViT (ECCV 2024)'s schemes" in capsys.readouterr().err
+
+
+def test_a_grid_reports_task_is_read_by_name(tmp_path, capsys):
+    """A grid report's results.json holds one run per task: --task picks one, and either mistake is named."""
+    runs = {"grid_lookup": _run({"lookhere2d": [90, 92, 94], "rope2d": [30, 31, 32]}).to_json(),
+            "grid_count": _run({"lookhere2d": [40, 41, 42], "rope2d": [60, 61, 62]}).to_json()}  # fmt: skip
+    (tmp_path / "results.json").write_text(json.dumps(runs))
+    assert cli.main([str(tmp_path), "--task", "grid_lookup", "--sizes", "28"]) == 0
+    assert "lookhere2d 92.0 > rope2d 31.0 | yes |" in capsys.readouterr().out
+    assert cli.main([str(tmp_path), "--task", "grid_count", "--sizes", "28"]) == 0
+    assert "rope2d 61.0 > lookhere2d 41.0 | no |" in capsys.readouterr().out
+    assert cli.main([str(tmp_path), "--sizes", "28"]) == 2
+    assert "give --task; its tasks: grid_lookup, grid_count" in capsys.readouterr().err
+    assert cli.main([str(tmp_path), "--task", "grid_placement", "--sizes", "28"]) == 2
+    assert "no task 'grid_placement'" in capsys.readouterr().err
+    (tmp_path / "one.json").write_text(json.dumps(runs["grid_count"]))
+    assert cli.main([str(tmp_path / "one.json"), "--task", "grid_count", "--sizes", "28"]) == 2
+    assert "not a grid report's" in capsys.readouterr().err

@@ -1,6 +1,8 @@
 """``python -m train.orderings docs/fmnist_native/results.json --sizes 24 28``: the literature's orderings of
 2D schemes above the training resolution (``train.evaluation.orderings.CLAIMS``) checked against a run's
-per-seed accuracies, printed as a markdown table (docs/resolution.md holds it)."""
+per-seed accuracies, printed as a markdown table (docs/resolution.md holds it). A grid report's results.json (one
+run per task) is read with ``--task``: ``python -m train.orderings docs/grid_tasks/far --task grid_count
+--protocol canvas --sizes 128 256``."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("results", help="a run's results.json, or the run folder that holds it")
     p.add_argument("--sizes", type=int, nargs="+", required=True, help="evaluation sizes (px) to check at")
     p.add_argument("--protocol", default="resize", help="the protocol the accuracies were measured under")
+    p.add_argument("--task", help="the task to read from a grid report's results.json (python -m train.grid_report)")
     p.add_argument("--claims", nargs="+", choices=list(CLAIMS),
                    help="which published orderings (default: every one of which the run trains two schemes)")
     return p.parse_args(argv)
@@ -28,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     path = Path(args.results)
     path = path / "results.json" if path.is_dir() else path
     try:
-        results = RunResult.from_json(json.loads(path.read_text()))
+        results = RunResult.from_json(_run_of(json.loads(path.read_text()), args.task))
         names = args.claims or [n for n, c in CLAIMS.items() if sum(s in results.schemes for s in c.schemes) >= 2]
         checks = [check(results, CLAIMS[name], args.protocol, size) for name in names for size in args.sizes]
     except (OSError, ValueError) as e:
@@ -45,6 +48,18 @@ def main(argv: list[str] | None = None) -> int:
     if skipped:
         print(f"\nnot checked, the run trains fewer than two of their schemes: {'; '.join(skipped)}")
     return 0
+
+
+def _run_of(data: dict, task: str | None) -> dict:
+    """A run's results: the file's own, or one task's of a grid report (a results.json per task, by task name)."""
+    if "schemes" in data:
+        if task is not None:
+            raise ValueError(f"--task {task}: this is one run's results, not a grid report's")
+        return data
+    if task is None or task not in data:
+        given = "give --task" if task is None else f"no task {task!r}"
+        raise ValueError(f"a grid report's results (one run per task): {given}; its tasks: {', '.join(data)}")
+    return data[task]
 
 
 if __name__ == "__main__":
