@@ -148,4 +148,8 @@ def test_an_entrys_own_heads_replace_the_models_for_its_training_and_its_evaluat
     out = run_experiment(cfg)
     assert set(out.schemes) == {"rope2d", "relbias2d", "relbias2d+logn"}
     state = torch.load(tmp_path / "relbias2d" / "checkpoint.pt", weights_only=True)
-    assert state["scheme"]["num_heads"] == 4
+    assert state["scheme"]["num_heads"] == 4 and state["fingerprint"]["model"]["num_heads"] == 4
+    from train.engine.checkpoint import fingerprint
+
+    plain = SchemeConfig(name="lookhere2d", pos=["lookhere2d"])
+    assert fingerprint(cfg, lookhere)["model"]["num_heads"] == 4 and fingerprint(cfg, plain)["model"]["num_heads"] == 1

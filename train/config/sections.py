@@ -225,11 +225,14 @@ def to_dict(cfg: Any) -> Any:
 
 def scheme_config(cfg: ExperimentConfig, scheme: SchemeConfig) -> ExperimentConfig:
     """The settings one entry trains under: the shared ones, with the entry's own training levers
-    (``sizes``, ``augment``) in place of ``train.sizes`` / ``train.size_range`` and ``data.augment``."""
+    (``sizes``, ``augment``, ``num_heads``) in place of ``train.sizes`` / ``train.size_range``, ``data.augment``
+    and ``model.num_heads`` (so that its checkpoint's fingerprint holds them)."""
     if scheme.sizes is not None:
         cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, sizes=list(scheme.sizes), size_range=None))
     if scheme.augment is not None:
         cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, augment=scheme.augment))
+    if scheme.num_heads is not None:
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, num_heads=scheme.num_heads))
     return cfg
 
 
