@@ -66,3 +66,16 @@ def test_docs_state_how_the_committed_quick_report_was_made() -> None:
         assert "7.5 min" not in text and "7 min 29 s" not in text
     assert f"{minutes} min" in docs and f"{minutes} min" in readme
     assert command.removeprefix("python ") in docs
+
+
+def test_the_report_names_the_command_that_makes_it_again() -> None:
+    """Tasks and control entries are named where they are not the defaults (a report of two tasks must not read as
+    one of every task)."""
+    plain = grid_report._parse(["--config", CONFIG, "--out", "r", "--jobs", "2", "seed=3"])
+    assert grid_report.report_command(plain) == (
+        f"python -m train.grid_report --config {CONFIG} --out r --jobs 2 seed=3")
+    chosen = grid_report._parse(["--config", CONFIG, "--tasks", "grid_lookup", "grid_count", "--control-schemes",
+                                 "nope", "--quiet", "train.epochs=1"])  # fmt: skip
+    assert grid_report.report_command(chosen) == (
+        f"python -m train.grid_report --config {CONFIG} --tasks grid_lookup grid_count --control-schemes nope "
+        "train.epochs=1")

@@ -133,6 +133,19 @@ def training_seconds(results: dict[str, RunResult]) -> float:
     return total
 
 
+def report_command(args: argparse.Namespace) -> str:
+    """The command that makes this report again: the config, the tasks and control entries where not the defaults,
+    the report folder, the jobs and the overrides."""
+    defaults = _parse(["--config", args.config])
+    controls = args.control_schemes != defaults.control_schemes
+    words = ["python -m train.grid_report --config", args.config,
+             *(["--tasks", *args.tasks] if args.tasks != defaults.tasks else []),
+             *(["--control-schemes", *args.control_schemes] if controls else []),
+             *(["--out", args.out] if args.out else []), *([f"--jobs {args.jobs}"] if args.jobs > 1 else []),
+             *args.overrides]  # fmt: skip
+    return " ".join(words)
+
+
 def format_report(results: dict[str, RunResult], command: str, seconds: float) -> str:
     """Markdown: per protocol, one table per task (scheme x grid), the convergence of every trained entry, then
     the headline table."""
@@ -278,9 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = Path(args.out) if args.out else run_dir
     out.mkdir(parents=True, exist_ok=True)
-    words = ["python -m train.grid_report --config", args.config, *(["--out", args.out] if args.out else []),
-             *([f"--jobs {args.jobs}"] if args.jobs > 1 else []), *args.overrides]
-    md = format_report(results, " ".join(words), time.time() - start)
+    md = format_report(results, report_command(args), time.time() - start)
     (out / "results.md").write_text(md)
     (out / "results.json").write_text(json.dumps({t: r.to_json() for t, r in results.items()}, indent=1))
     plot(results, out / "accuracy.png")
