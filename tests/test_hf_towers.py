@@ -57,6 +57,20 @@ def per_image(out: torch.Tensor, sizes: torch.Tensor = SIZES) -> list[torch.Tens
     return list(out.split(counts))
 
 
+def off_init(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` with its positional parameters (tables, frequencies) moved off their init."""
+    with torch.no_grad():
+        for p in model.vispos.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    return model
+
+
+def reloaded(model: torch.nn.Module, path) -> torch.nn.Module:  # noqa: ANN001
+    """``model`` through save_pretrained and ``vispos.hf.from_pretrained``."""
+    model.save_pretrained(path)
+    return vispos.hf.from_pretrained(path)
+
+
 def patch_the_vlm(vlm: torch.nn.Module, tower: str, **inputs: torch.Tensor) -> None:
     """``vispos.patch(vlm, "rope2d")``: the image features (the tower and the VLM's projection) stay as they were,
     the language model keeps its classes, and the record names the tower."""
@@ -103,10 +117,7 @@ def test_the_tower_inside_a_llava_model_is_patched_and_the_language_model_left_a
 
 @pytest.mark.parametrize("scheme", ["rope2d_mixed", "alibi2d", "relbias2d", "pape2d"])
 def test_every_image_of_a_packed_row_gets_what_it_gets_alone(scheme: str) -> None:
-    model = vispos.patch(pixtral(), scheme, inherit=False)
-    with torch.no_grad():
-        for p in model.vispos.parameters():
-            p.add_(torch.randn_like(p) * 0.1)  # tables and frequencies off their init
+    model = off_init(vispos.patch(pixtral(), scheme, inherit=False))
     x = images()
     packed = per_image(run(model, x))
     for i, (h, w) in enumerate(SIZES.tolist()):
@@ -140,12 +151,8 @@ def test_linear_scaling_of_the_inherited_rope_is_pixtrals_rope_at_scaled_positio
 
 
 def test_save_pretrained_and_from_pretrained_give_the_same_outputs(tmp_path) -> None:
-    model = vispos.patch(pixtral(), "rope2d_mixed", inherit=False)
-    with torch.no_grad():
-        for p in model.vispos.parameters():
-            p.add_(torch.randn_like(p) * 0.1)
-    model.save_pretrained(tmp_path)
-    loaded = vispos.hf.from_pretrained(tmp_path)
+    model = off_init(vispos.patch(pixtral(), "rope2d_mixed", inherit=False))
+    loaded = reloaded(model, tmp_path)
     x = images()
     torch.testing.assert_close(run(loaded, x), run(model, x), rtol=1e-5, atol=1e-5)
     copied = copy.deepcopy(model)  # the patched classes survive a copy (and pickle finds them by name)
@@ -226,10 +233,7 @@ def test_qwen_inherited_rope_gives_the_towers_own_outputs(attn: str, family: str
 @pytest.mark.parametrize("family", QWENS)
 @pytest.mark.parametrize("scheme", ["rope2d_mixed", "alibi2d", "pape2d"])
 def test_qwen_every_frame_gets_what_it_gets_alone(scheme: str, family: str) -> None:
-    model = vispos.patch(qwen(family=family), scheme, inherit=False)
-    with torch.no_grad():
-        for p in model.vispos.parameters():
-            p.add_(torch.randn_like(p) * 0.1)
+    model = off_init(vispos.patch(qwen(family=family), scheme, inherit=False))
     x = patches()
     packed = run_qwen(model, x)
     start = 0
@@ -271,12 +275,8 @@ def test_qwen2_vl_inside_its_vlm_and_saved_and_loaded(tmp_path) -> None:
     vlm = tf.Qwen2VLForConditionalGeneration(tf.Qwen2VLConfig(vision_config=vision, text_config=text)).eval()
     x = patches()
     patch_the_vlm(vlm, "model.visual", pixel_values=x, image_grid_thw=GRID_THW)
-    tower = vispos.patch(qwen(), "rope2d_mixed", inherit=False)
-    with torch.no_grad():
-        for p in tower.vispos.parameters():
-            p.add_(torch.randn_like(p) * 0.1)
-    tower.save_pretrained(tmp_path)
-    loaded = vispos.hf.from_pretrained(tmp_path)
+    tower = off_init(vispos.patch(qwen(), "rope2d_mixed", inherit=False))
+    loaded = reloaded(tower, tmp_path)
     torch.testing.assert_close(run_qwen(loaded, x), run_qwen(tower, x), rtol=1e-5, atol=1e-5)
 
 
@@ -290,12 +290,8 @@ def test_qwen2_5_vl_inside_its_vlm_saved_and_loaded_and_given_its_window_order(t
     vlm = tf.Qwen2_5_VLForConditionalGeneration(config).eval()
     x = patches()
     patch_the_vlm(vlm, "model.visual", pixel_values=x, image_grid_thw=GRID_THW)
-    model = vispos.patch(tower, "alibi2d", inherit=False)
-    with torch.no_grad():
-        for p in model.vispos.parameters():
-            p.add_(torch.randn_like(p) * 0.1)
-    model.save_pretrained(tmp_path)
-    loaded = vispos.hf.from_pretrained(tmp_path)
+    model = off_init(vispos.patch(tower, "alibi2d", inherit=False))
+    loaded = reloaded(model, tmp_path)
     torch.testing.assert_close(run_qwen(loaded, x), run_qwen(model, x), rtol=1e-5, atol=1e-5)
     unpickled = pickle.loads(pickle.dumps(model))  # the patched classes are found by name
     torch.testing.assert_close(run_qwen(unpickled, x), run_qwen(model, x), rtol=1e-5, atol=1e-5)
@@ -343,8 +339,7 @@ def test_qwen3_vl_inside_its_vlm_and_saved_and_loaded(tmp_path) -> None:
     patch_the_vlm(vlm, "model.visual", pixel_values=x, image_grid_thw=GRID_THW)
     model = vispos.patch(tower, "rope2d")
     vispos.configure(model, scaling="yarn", train_grid=(2, 2))
-    model.save_pretrained(tmp_path)
-    loaded = vispos.hf.from_pretrained(tmp_path)
+    loaded = reloaded(model, tmp_path)
     torch.testing.assert_close(run_qwen(loaded, x), run_qwen(model, x), rtol=1e-5, atol=1e-5)
     unpickled = pickle.loads(pickle.dumps(vispos.patch(qwen(family="qwen3_vl"), "nope", inherit=False)))
     assert not unpickled.pos_embed(torch.arange(3)).any()  # the table stays dropped

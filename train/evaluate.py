@@ -24,13 +24,12 @@ from .data.sources import build_data
 from .engine import checkpoint as ckpt_io
 from .engine.checkpoint import CheckpointError
 from .engine.models import build_model, configure_eval, patch_size_of, set_positions
+from .engine.trainer import CHECKPOINT  # the file a scheme folder holds
 from .evaluation.accuracy import eval_sizes, evaluate_model
 from .evaluation.report import format_tables
 from .evaluation.results import Accuracy, accuracy_to_json
 from .experiment.loading import config_from_dict
 from .runtime.process import setup, teardown
-
-CHECKPOINT = "checkpoint.pt"  # the file a scheme folder holds (train.engine.trainer.SchemeTrainer.path)
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:

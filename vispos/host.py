@@ -5,6 +5,7 @@
   (kept by default, with a ``PretrainedPositionsWarning`` for whatever is discarded or overridden).
 - ``build_positions``: the ``Positions`` of a host, built for its widths, heads, depth and training grid
   (``HostShape``), starting from the host's own table and learned RoPE frequencies where it has them.
+- ``PositionsHost``: the mixin every patched model class takes (``vispos``, ``vispos_cfg``, ``load_state_dict``).
 
 An adapter reads its library's models into these terms (``OwnRope``, ``HostShape``) and back.
 """
@@ -12,6 +13,7 @@ An adapter reads its library's models into these terms (``OwnRope``, ``HostShape
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +33,27 @@ class PretrainedPositionsWarning(UserWarning):
 
 def warn(message: str) -> None:
     warnings.warn(message, PretrainedPositionsWarning, stacklevel=4)
+
+
+class PositionsHost:
+    """What every patched model has (mixed in before its library's class): ``vispos`` holds its positions."""
+
+    vispos: Positions
+
+    @property
+    def vispos_cfg(self) -> dict[str, Any]:
+        """The positional settings: schemes, options, training grid, and what ``vispos.configure`` set."""
+        return self.vispos.settings
+
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False) -> Any:
+        """``nn.Module.load_state_dict``; with ``strict=False`` a checkpoint of other positions (or a plain
+        checkpoint whose table the scheme cannot hold) gives every weight outside the positions and reports the
+        positional entries it skipped, instead of being refused."""
+        self.vispos.strict_loading = strict
+        try:
+            return super().load_state_dict(state_dict, strict=strict, assign=assign)  # type: ignore[misc]
+        finally:
+            self.vispos.strict_loading = True
 
 
 @dataclass

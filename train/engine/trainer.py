@@ -55,6 +55,7 @@ class TrainResult:
     summary: TrainSummary  # entry; None: the training finished elsewhere and only its summary is kept (summary.json)
 
 
+CHECKPOINT = "checkpoint.pt"  # a training's weights, optimiser and progress (ckpt_io)
 SUMMARY = "summary.json"  # a finished training's TrainSummary and fingerprint, beside its checkpoint
 
 
@@ -107,12 +108,11 @@ def train_scheme(cfg: ExperimentConfig, scheme: SchemeConfig, data: DataBundle, 
                  log: Callable[[str], None] = print, *, need_weights: bool = True) -> TrainResult:
     """Train one scheme (or resume it, or load it when already finished). Without ``need_weights``, a training
     finished in a folder whose checkpoint is gone (its ``summary.json`` kept) gives its summary and no model."""
-    trainer = SchemeTrainer(cfg, scheme, data, rt, folder, log)
-    if cfg.resume and not trainer.path.exists():
-        summary = kept_summary(folder, trainer.fingerprint)
+    if cfg.resume and not (folder / CHECKPOINT).exists():  # before building anything for the training
+        summary = kept_summary(folder, ckpt_io.fingerprint(cfg, scheme))
         if summary is not None and not need_weights:
             return TrainResult(None, summary)
-    return trainer.run()
+    return SchemeTrainer(cfg, scheme, data, rt, folder, log).run()
 
 
 class SchemeTrainer:
@@ -122,7 +122,7 @@ class SchemeTrainer:
                  log: Callable[[str], None]) -> None:
         cfg = scheme_config(cfg, scheme)  # the entry's own training levers, if any
         self.cfg, self.scheme, self.data, self.rt, self.folder, self.log = cfg, scheme, data, rt, folder, log
-        self.path = folder / "checkpoint.pt"
+        self.path = folder / CHECKPOINT
         self.model = build_model(cfg.model, scheme, img_size=cfg.data.img_size, num_classes=data.num_classes,
                                  in_chans=data.in_chans, seed=cfg.seed).to(rt.device)
         # timm's EMA (as train.py --model-ema), a copy of the model averaged after every optimiser step

@@ -32,7 +32,7 @@ from ..engine.finetune import finetune
 from ..engine.finetune import fingerprint as finetune_fingerprint
 from ..engine.models import build_model, configure_eval, preflight, set_positions
 from ..engine.sharded import full_state
-from ..engine.trainer import SUMMARY, train_scheme
+from ..engine.trainer import CHECKPOINT, SUMMARY, train_scheme
 from ..evaluation.accuracy import eval_sizes, evaluate_model
 from ..evaluation.convergence import NOT_CHECKED, Convergence
 from ..evaluation.report import write_outputs
@@ -190,7 +190,7 @@ class Experiment:
         """The final weights of a trained scheme of this run (for evaluation-only entries); trained again when the
         run folder keeps only its summary (``train.engine.trainer.SUMMARY``)."""
         folder = scheme_folder(self.cfg.run_dir, base.name)
-        path = folder / "checkpoint.pt"
+        path = folder / CHECKPOINT
         if not path.exists() and (folder / SUMMARY).exists():
             self.say(f"[{base.name}] trained again: its weights are not kept in {folder} (summary.json only)")
             model = train_scheme(self.cfg, base, self.data, self.rt, folder, log=self.say).model

@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from ..attention import as_float_mask, combine_masks, flex_bias_attention, query_mask, sdpa, widened
+from ..host import PositionsHost
 from ..positions import PositionContext, Positions
 from .families import FAMILIES, naflex_layout, patch_conv, token_grid
 
@@ -50,28 +51,7 @@ def require_context(ctx: object) -> PositionContext:
     return ctx
 
 
-class HoldsPositions:
-    """What every patched host (a vision model, a VLM's tower) has: ``vispos``, its settings, and a
-    ``load_state_dict`` that hands the positions the caller's ``strict``."""
-
-    vispos: Positions
-
-    @property
-    def vispos_cfg(self) -> dict[str, Any]:
-        """The positional settings: schemes, options, training grid, and what ``vispos.configure`` set."""
-        return self.vispos.settings
-
-    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
-        """``nn.Module.load_state_dict``; with ``strict=False`` a checkpoint of other positions gives every weight
-        outside the positions and reports the positional entries it skipped."""
-        self.vispos.strict_loading = strict
-        try:
-            return super().load_state_dict(state_dict, strict=strict, assign=assign)
-        finally:
-            self.vispos.strict_loading = True
-
-
-class PatchedHost(HoldsPositions):
+class PatchedHost(PositionsHost):
     """Mixin placed before the transformers vision model class: positions from ``self.vispos``."""
 
     def vispos_context(self, pixel_values: torch.Tensor) -> PositionContext:
@@ -176,7 +156,7 @@ def packed_layout(image_sizes: Any, patch_size: int, device: torch.device) -> tu
     return torch.cat(cells)[None], sizes[None], torch.cat(segments)[None]
 
 
-class PatchedTower(HoldsPositions):
+class PatchedTower(PositionsHost):
     """Mixin placed before Pixtral's tower class: transformers' forward with the positions of ``self.vispos``."""
 
     def vispos_context(self, pixel_values: torch.Tensor, image_sizes: Any = None) -> PositionContext:
@@ -224,7 +204,7 @@ def merged_layout(grid_thw: torch.Tensor, merge: int) -> tuple[torch.Tensor, ...
     return torch.cat(cells)[None], torch.tensor(sizes, device=device)[None], torch.cat(segments)[None]
 
 
-class PatchedMergedTower(HoldsPositions):
+class PatchedMergedTower(PositionsHost):
     """Mixin placed before Qwen2-VL's and Qwen3-VL's vision tower classes: transformers' forward with the positions
     of ``self.vispos`` (``towers.py``)."""
 
@@ -236,7 +216,12 @@ class PatchedMergedTower(HoldsPositions):
     def forward(self, hidden_states: torch.Tensor, grid_thw: torch.Tensor | None = None, **kwargs: Any) -> Any:
         if grid_thw is None:
             raise ValueError("a vispos-patched Qwen-VL vision tower needs grid_thw [N, 3], as its processor gives it")
-        return super().forward(hidden_states, grid_thw, vispos_context=self.vispos_context(grid_thw), **kwargs)
+        extra = self.vispos_keywords(grid_thw, kwargs)  # (may take precomputed keywords out of kwargs)
+        return super().forward(hidden_states, grid_thw, **extra, **kwargs)
+
+    def vispos_keywords(self, grid_thw: torch.Tensor, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The keywords the tower's own forward is handed besides the caller's: the positions' context."""
+        return {"vispos_context": self.vispos_context(grid_thw)}
 
 
 class PatchedWindowedTower(PatchedMergedTower):
@@ -245,27 +230,28 @@ class PatchedWindowedTower(PatchedMergedTower):
     within each window or, at ``fullatt_block_indexes``, within each frame, by the ``cu_seqlens`` they are handed."""
 
     def vispos_context(self, grid_thw: torch.Tensor, window_index: torch.Tensor | None = None) -> PositionContext:  # type: ignore[override]
-        """The positions of the window-ordered sequence for ``grid_thw`` [N, 3]; ``window_index``: the caller's
-        precomputed order of the merge blocks (transformers' ``window_index`` keyword), by default the tower's."""
-        cells, sizes, segments = merged_layout(grid_thw, self.spatial_merge_size)
+        """The positions of the window-ordered sequence for ``grid_thw`` [N, 3]; ``window_index``: the order of the
+        merge blocks (by default the tower's, ``transformers.vision_utils.get_vision_window_index``)."""
         if window_index is None:
-            from transformers.vision_utils import get_vision_window_index  # the function the tower's forward calls
-
-            window_index, _ = get_vision_window_index(grid_thw, self.spatial_merge_size, self.window_size,
-                                                      self.patch_size)  # fmt: skip
+            window_index, _ = self._window_order(grid_thw, {})
+        cells, sizes, segments = merged_layout(grid_thw, self.spatial_merge_size)
         unit, order = self.spatial_merge_unit, window_index.to(cells.device)
         cells = cells.reshape(-1, unit, 2)[order].reshape(1, -1, 2)
         segments = segments.reshape(-1, unit)[order].reshape(1, -1)
         return self.vispos.ragged_context(cells, sizes, segments=segments, separate=True)
 
-    def forward(self, hidden_states: torch.Tensor, grid_thw: torch.Tensor | None = None, **kwargs: Any) -> Any:
-        if grid_thw is None:
-            raise ValueError(
-                "a vispos-patched Qwen2.5-VL vision tower needs grid_thw [N, 3], as its processor gives it"
-            )
-        given = kwargs.get("window_index") if kwargs.get("cu_window_seqlens") is not None else None
-        ctx = self.vispos_context(grid_thw, given)
-        return super(PatchedMergedTower, self).forward(hidden_states, grid_thw, vispos_context=ctx, **kwargs)
+    def vispos_keywords(self, grid_thw: torch.Tensor, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The window order computed once (or the caller's precomputed pair, taken out of ``kwargs``) and handed
+        to the tower's forward with the context that follows it."""
+        index, cu_window_seqlens = self._window_order(grid_thw, kwargs)
+        return {"vispos_context": self.vispos_context(grid_thw, index), "window_index": index,
+                "cu_window_seqlens": cu_window_seqlens}  # fmt: skip
+
+    def _window_order(self, grid_thw: torch.Tensor, kwargs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        from transformers.vision_utils import get_vision_window_index  # the function the tower's forward calls
+
+        return get_vision_window_index(grid_thw, self.spatial_merge_size, self.window_size, self.patch_size,
+                                       kwargs=kwargs)  # fmt: skip
 
 
 class PatchedPackedAttention:

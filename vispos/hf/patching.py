@@ -19,7 +19,7 @@ from .._validate import check_bool
 from ..host import HostShape, warn
 from ..positions import Positions
 from .families import FAMILIES, Family, attentions, find_host, own_rope, own_table, patch_conv, train_grid
-from .modules import FLASH_REFUSAL, HoldsPositions, NoRope, PatchedAttention, PatchedEmbeddings, PatchedHost, patched
+from .modules import FLASH_REFUSAL, NoRope, PatchedAttention, PatchedEmbeddings, PatchedHost, PositionsHost, patched
 from .towers import find_tower, patch_tower
 
 ALREADY_PATCHED = (
@@ -85,7 +85,7 @@ def patch(
 
 
 def _patch_tower(model: nn.Module, name: str, tower: nn.Module, pos: Any, inherit: bool, options: dict) -> nn.Module:
-    if isinstance(tower, HoldsPositions):
+    if isinstance(tower, PositionsHost):
         raise ValueError(ALREADY_PATCHED)
     positions = patch_tower(tower, pos, inherit, options)
     _register_recorded_outputs(tower)

@@ -40,12 +40,11 @@ from .. import host
 from .._validate import check_bool
 from ..encodings.learned import resample_table_2d
 from ..encodings.relbias import RelBias2d, resize_table
-from ..host import HostShape, OwnRope
+from ..host import HostShape, OwnRope, PositionsHost
 from ..positions import PositionContext
 from .attention import PatchedAttention, positioned_attention
 from .model import (
     LOAD_ADVICE,
-    PositionsHost,
     adopt_timm_checkpoint,
     conditional_tokens,
     embed_tokens,

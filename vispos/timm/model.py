@@ -29,6 +29,7 @@ from timm.models.eva import Eva
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from ..host import PositionsHost
 from ..positions import PositionContext, Positions
 from .attention import require_context
 from .inherit import timm_freqs
@@ -102,27 +103,6 @@ torch.fx.wrap("position_context")
 torch.fx.wrap("drop_patches")
 torch.fx.wrap("embed_tokens")
 torch.fx.wrap("conditional_tokens")
-
-
-class PositionsHost:
-    """What every patched timm model has (mixed in before the timm class): ``vispos`` holds its positions."""
-
-    vispos: Positions
-
-    @property
-    def vispos_cfg(self) -> dict[str, Any]:
-        """The positional settings: schemes, options, training grid, and what ``vispos.configure`` set."""
-        return self.vispos.settings
-
-    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False) -> Any:
-        """``nn.Module.load_state_dict``; with ``strict=False`` a checkpoint of other positions (or a plain
-        timm checkpoint whose ``pos_embed`` the scheme cannot hold) gives every weight outside the positions
-        and reports the positional entries it skipped, instead of being refused."""
-        self.vispos.strict_loading = strict
-        try:
-            return super().load_state_dict(state_dict, strict=strict, assign=assign)
-        finally:
-            self.vispos.strict_loading = True
 
 
 class PatchedViT(PositionsHost):

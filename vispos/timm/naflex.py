@@ -40,9 +40,10 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .._validate import check_bool
+from ..host import PositionsHost
 from .attention import SUPPORTED_ATTENTION
 from .inherit import warn
-from .model import PositionsHost, adopt_timm_checkpoint
+from .model import adopt_timm_checkpoint
 from .vit import build_positions, patch_attention, plan_schemes
 
 

@@ -43,10 +43,10 @@ from torch.utils.checkpoint import checkpoint
 from .. import host
 from .._validate import check_bool
 from ..encodings.decomposed import Decomposed2d
-from ..host import HostShape, OwnRope
+from ..host import HostShape, OwnRope, PositionsHost
 from ..positions import PositionContext, Positions
 from .attention import PatchedAttention, positioned_attention
-from .model import LOAD_ADVICE, PositionsHost, adopt_timm_checkpoint, positional_groups, refuse_unplaced, token_grid
+from .model import LOAD_ADVICE, adopt_timm_checkpoint, positional_groups, refuse_unplaced, token_grid
 
 
 @dataclass

@@ -44,10 +44,9 @@ from torch.utils.checkpoint import checkpoint
 
 from .. import host
 from .._validate import check_bool
-from ..host import HostShape, warn
+from ..host import HostShape, PositionsHost, warn
 from ..positions import PositionContext, Positions
 from ..registry import SchemeInfo, build_in_context
-from .model import PositionsHost
 from .swin_checkpoint import OWN_BIAS, adopt_own_bias, adopt_swin_checkpoint, resize_stage
 from .window import PatchedWindowAttention, partition, reverse, shift_mask
 

@@ -40,10 +40,10 @@ from torch import nn
 
 from .. import host
 from .._validate import check_bool
-from ..host import warn
+from ..host import PositionsHost, warn
 from ..positions import Positions
 from ..registry import SchemeInfo
-from .model import LOAD_ADVICE, PositionsHost, adopt_and_match, refuse_unplaced
+from .model import LOAD_ADVICE, adopt_and_match, refuse_unplaced
 from .swin import SwinPositions, _embed_positions, _stage_positions, embed_patches, run_stage
 from .swin_checkpoint import resize_stage
 from .window import PatchedWindowAttention
