@@ -3,6 +3,7 @@ every implied pair is tested against twice the Welch standard error of its gap o
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import statistics
@@ -122,3 +123,43 @@ def test_a_grid_reports_task_is_read_by_name(tmp_path, capsys):
     (tmp_path / "one.json").write_text(json.dumps(runs["grid_count"]))
     assert cli.main([str(tmp_path / "one.json"), "--task", "grid_count", "--sizes", "28"]) == 2
     assert "not a grid report's" in capsys.readouterr().err
+
+
+def _trained(run: RunResult, verdicts: dict[str, list[bool]]) -> RunResult:
+    """``run`` with each named scheme trained and each of its seeds' plateau verdicts as given."""
+    from train.evaluation.convergence import Convergence
+    from train.evaluation.results import TrainSummary
+
+    for name, passed in verdicts.items():
+        r = run.schemes[name]
+        r.train = TrainSummary(1.0, 1, None, None, None, 0, [])
+        for seed, ok in zip(r.per_seed.values(), passed, strict=True):
+            seed.convergence = dataclasses.asdict(Convergence(gain=0.1 if ok else 3.0, last=80.0, points=8,
+                                                              converged=ok))
+    return run
+
+
+def test_each_row_states_how_many_seeds_of_its_models_converged(tmp_path, capsys):
+    """An ordering read off models still learning says so: per ranked scheme, seeds passing / checked, an
+    evaluation-only entry read as its trained base, and a closing sentence naming the unconverged schemes."""
+    run = _trained(_run({"rope2d": [50, 52, 54], "learned2d": [60, 61, 62], "rope2d+linear": [62, 63, 64]}),
+                   {"rope2d": [True, True, False], "learned2d": [True, True, True]})
+    run.schemes["rope2d+linear"].scheme = SchemeConfig(name="rope2d+linear", pos="rope2d", base="rope2d")
+    claim = Claim("s", "-", ("rope2d+linear", "learned2d", "rope2d"), "-")
+    result = check(run, claim, "resize", 28)
+    assert result.converged == {"rope2d+linear": (2, 3), "learned2d": (3, 3), "rope2d": (2, 3)}
+    assert result.convergence() == "rope2d+linear 2/3, learned2d 3/3, rope2d 2/3"
+    assert result.unconverged == ("rope2d+linear", "rope2d")
+    assert "| rope2d+linear 2/3, learned2d 3/3, rope2d 2/3 |" in format_checks([result], 14)
+    (tmp_path / "results.json").write_text(json.dumps(run.to_json()))
+    assert cli.main([str(tmp_path), "--sizes", "28", "--claims", "rope_vit"]) == 0
+    out = capsys.readouterr().out
+    assert "| rope2d 2/3, learned2d 3/3 |" in out  # in the claimed order
+    assert "1 of 1 rows rank models that fail the convergence check (rope2d)" in out
+    converged = _trained(_run({"rope2d": [50, 52], "learned2d": [60, 61]}),
+                         {"rope2d": [True, True], "learned2d": [True, True]})
+    (tmp_path / "results.json").write_text(json.dumps(converged.to_json()))
+    assert cli.main([str(tmp_path), "--sizes", "28", "--claims", "rope_vit"]) == 0
+    assert "fail the convergence check" not in capsys.readouterr().out
+    unchecked = check(_run({"a": [1.0], "b": [0.0]}), Claim("s", "-", ("a", "b"), "-"), "resize", 28)
+    assert unchecked.convergence() == "a –, b –" and unchecked.unconverged == ()  # evaluation-only, no base

@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from .evaluation.orderings import CLAIMS, check, format_checks
+from .evaluation.orderings import CLAIMS, check, convergence_note, format_checks
 from .evaluation.results import RunResult
 
 
@@ -44,6 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{results.name}: trained at {results.train_size} px, {seeds} seed(s), protocol {args.protocol}; "
           "a pair agrees when its gap exceeds twice its standard error over seeds\n")
     print(format_checks(checks, results.train_size))
+    note = convergence_note(checks)
+    if note:
+        print(f"\n{note}")
     skipped = [f"{c.source} ({', '.join(c.schemes)})" for n, c in CLAIMS.items() if n not in names]
     if skipped:
         print(f"\nnot checked, the run trains fewer than two of their schemes: {'; '.join(skipped)}")

@@ -8,6 +8,10 @@ direction, is *reversed* when it exceeds it the other way, and is a *tie* otherw
 every pair does, disagrees when any pair is reversed, and is unresolved when the rest are ties. With three
 seeds the test is loose (a tie needs a gap below about 2.3 standard deviations of one seed), which is the
 honest reading of three seeds.
+
+Every row also states how many of each ranked scheme's seeds pass the convergence check
+(``train.evaluation.convergence``; an evaluation-only entry, such as ``rope2d+linear``, is its trained base's
+model), so that an ordering read off models still learning says so.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from dataclasses import dataclass
 from itertools import combinations
 
 from .report import seed_tables
-from .results import RunResult
+from .results import RunResult, SchemeResult, convergences, within_of_config
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,7 @@ class Check:
     size: int
     means: dict[str, float]  # scheme -> mean accuracy (%)
     pairs: list[Pair]
+    converged: dict[str, tuple[int, int]]  # scheme -> (seeds that pass the convergence check, seeds checked)
 
     @property
     def missing(self) -> tuple[str, ...]:
@@ -103,6 +108,16 @@ class Check:
         parts += [f"not trained: {', '.join(self.missing)}"] if self.missing else []
         return "; ".join(parts) or "every pair as claimed"
 
+    @property
+    def unconverged(self) -> tuple[str, ...]:
+        """The ranked schemes with a seed that fails the convergence check (unchecked seeds are not counted)."""
+        return tuple(s for s, (passed, checked) in self.converged.items() if passed < checked)
+
+    def convergence(self) -> str:
+        """Per scheme, in the claimed order, ``passed/checked`` seeds of the convergence check, e.g.
+        ``learned2d 0/3, rope2d 3/3``; ``–`` for a scheme with no checked seed."""
+        return ", ".join(f"{s} {p}/{c}" if c else f"{s} –" for s, (p, c) in self.converged.items())
+
 
 def _seed_values(results: RunResult, scheme: str, protocol: str, size: int) -> list[float]:
     tables = seed_tables(results.schemes[scheme])
@@ -129,15 +144,34 @@ def check(results: RunResult, claim: Claim, protocol: str, size: int) -> Check:
 
     pairs = [Pair(hi, lo, means[hi] - means[lo], se(values[hi], values[lo]))
              for hi, lo in combinations(present, 2)]
-    return Check(claim, protocol, size, means, pairs)
+    return Check(claim, protocol, size, means, pairs, {s: _converged(results, s) for s in present})
+
+
+def _converged(results: RunResult, scheme: str) -> tuple[int, int]:
+    """(seeds that pass, seeds checked) of the model behind ``scheme``: its own, or its trained base's."""
+    entry: SchemeResult = results.schemes[scheme]
+    if entry.train is None and entry.scheme.base in results.schemes:
+        entry = results.schemes[entry.scheme.base]
+    verdicts = [v for v in convergences(entry, within_of_config(results.config)) if v is not None]
+    return sum(v.converged for v in verdicts), len(verdicts)
 
 
 def format_checks(checks: list[Check], train_size: int) -> str:
     """Markdown: one row per (claim, size): the published ordering, vispos's, and whether they agree."""
-    lines = ["| source | published ordering | size | vispos ordering (mean top-1 %) | agrees? | pairs |",
-             "| --- | --- | --- | --- | --- | --- |"]
+    lines = ["| source | published ordering | size | vispos ordering (mean top-1 %) | agrees? | pairs | converged |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     for c in checks:
         published = " > ".join(c.claim.schemes)
         lines.append(f"| {c.claim.source} | {published} | {c.size} px ({c.size / train_size:.2g}x) | "
-                     f"{c.ordering()} | {c.verdict} | {c.details()} |")
+                     f"{c.ordering()} | {c.verdict} | {c.details()} | {c.convergence()} |")
     return "\n".join(lines)
+
+
+def convergence_note(checks: list[Check]) -> str | None:
+    """One sentence naming the rows read off models that fail the convergence check; None when there are none."""
+    behind = sorted({s for c in checks for s in c.unconverged})
+    if not behind:
+        return None
+    rows = sum(bool(c.unconverged) for c in checks)
+    return (f"{rows} of {len(checks)} rows rank models that fail the convergence check ({', '.join(behind)}): "
+            "those orderings hold at this schedule, and may move with training that reaches a plateau")
