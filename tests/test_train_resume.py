@@ -100,6 +100,10 @@ def test_a_run_folder_kept_without_its_checkpoints_skips_its_finished_entries(tm
     first = run_experiment(tiny_config(tmp_path, schemes=schemes))
     summary = json.loads((tmp_path / "rope2d" / "summary.json").read_text())
     assert summary["summary"]["curve"] == [list(c) for c in first.schemes["rope2d"].train.curve]
+    # a rerun that loads the finished checkpoint writes the same summary, so a committed run folder stays unchanged
+    kept = (tmp_path / "rope2d" / "summary.json").read_bytes()
+    run_experiment(tiny_config(tmp_path, schemes=schemes))
+    assert (tmp_path / "rope2d" / "summary.json").read_bytes() == kept
     for name in ("rope2d", "learned2d"):
         (tmp_path / name / "checkpoint.pt").unlink()
     again = run_experiment(tiny_config(tmp_path, schemes=schemes))

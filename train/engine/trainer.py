@@ -186,6 +186,8 @@ class SchemeTrainer:
 
     def _save(self, epoch: int, step: int, finished: bool) -> None:
         p, data, gstep = self.progress, self.data, epoch * self.steps + step
+        if finished:  # the clock stops here, so the summary states the checkpoint's time (a rerun rewrites it equal)
+            p.seconds, self.started = self._seconds(), None
         shards = sharded.save(self.model, self.opt, self.folder, gstep, self.rt) if self.fsdp else None
         if self.rt.is_main:
             ckpt_io.atomic_save({
