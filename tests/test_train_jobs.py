@@ -41,6 +41,24 @@ def test_jobs_train_each_seed_and_entry_apart_and_report_what_one_process_report
     assert "seed 0 rope2d+linear: training" not in out  # evaluation only: the report's run evaluates it
     assert per_seed(tmp_path / "two") == per_seed(tmp_path / "one")
     assert "--jobs 2" in (tmp_path / "two" / "results.md").read_text()
+    for seed in (0, 1):  # each seed's report is the assembling run's, with every entry
+        assert list(json.loads((tmp_path / "two" / f"seed_{seed}" / "results.json").read_text())["schemes"]) == JOBS
+
+
+def test_a_training_started_by_jobs_leaves_the_report_alone(tmp_path: Path) -> None:
+    """A child of --jobs trains its entry and writes its files, but not the run folder's report: a committed report
+    of the whole run is not replaced by one entry's while the other entries train."""
+    from train.__main__ import parallel_jobs
+    from train.experiment.loading import load_config
+
+    path = write_config(tmp_path, "kids", schemes=JOBS)
+    jobs = parallel_jobs(str(path), [], load_config(str(path), []))
+    assert all("--no-report" in args for _, args in jobs)
+    label, args = jobs[0]
+    assert label == "seed 0 rope2d" and train_main(args[2:]) == 0  # what the child runs after "python -m train"
+    seed_dir = tmp_path / "kids" / "seed_0"
+    assert (seed_dir / "rope2d" / "checkpoint.pt").exists() and (seed_dir / "rope2d" / "eval.json").exists()
+    assert not (seed_dir / "results.json").exists() and not (seed_dir / "results.md").exists()
 
 
 def test_entries_run_a_part_of_the_config(tmp_path: Path) -> None:

@@ -33,6 +33,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--jobs", type=int, default=1,
                    help="train the entries (per seed) in this many processes at once, one core each at threads: 1, "
                         "then evaluate and report in this one")
+    # the trainings --jobs starts: each leaves the run's report to the process that assembles it
+    p.add_argument("--no-report", action="store_true", help=argparse.SUPPRESS)
     return p.parse_intermixed_args(argv)
 
 
@@ -51,10 +53,11 @@ def parallel_jobs(config: str, overrides: list[str], cfg: ExperimentConfig) -> l
     run keeps it in (``seed_<k>/`` with several seeds), so that the run that follows finds it finished."""
     trained = [s.name for s in cfg.schemes if s.trains]
     if cfg.seeds is None:
-        return [(name, ["-m", "train", "--config", config, *overrides, "--quiet", "--entries", name])
+        return [(name, ["-m", "train", "--config", config, *overrides, "--quiet", "--no-report", "--entries", name])
                 for name in trained]
-    return [(f"seed {seed} {name}", ["-m", "train", "--config", config, *overrides, "--quiet", f"seed={seed}",
-                                     "seeds=null", f"out_dir={cfg.run_dir / f'seed_{seed}'}", "--entries", name])
+    return [(f"seed {seed} {name}", ["-m", "train", "--config", config, *overrides, "--quiet", "--no-report",
+                                     f"seed={seed}", "seeds=null", f"out_dir={cfg.run_dir / f'seed_{seed}'}",
+                                     "--entries", name])
             for seed in cfg.seeds for name in trained]
 
 
@@ -84,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.jobs > 1:  # the trainings first, side by side; the run below finds them finished
             run_jobs(parallel_jobs(args.config, list(args.overrides), cfg), args.jobs,
                      lambda text: print(text, flush=True))
-        run_experiment(cfg, command=command)
+        run_experiment(cfg, command=command, report=not args.no_report)
     except (ConfigError, DataError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

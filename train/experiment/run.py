@@ -55,10 +55,13 @@ def scheme_folder(run_dir: Path, name: str) -> Path:
     return run_dir / re.sub(r"[^A-Za-z0-9._+-]", "_", name)
 
 
-def run_experiment(cfg: ExperimentConfig, log: Log | None = None, command: str | None = None) -> RunResult:
+def run_experiment(cfg: ExperimentConfig, log: Log | None = None, command: str | None = None,
+                   report: bool = True) -> RunResult:
     """Train and evaluate every scheme of ``cfg``; write the run folder; return the results.
 
-    ``command`` (the command line that made the run) is recorded in results.json and results.md.
+    ``command`` (the command line that made the run) is recorded in results.json and results.md. Without
+    ``report`` the entries' own files are written but not the run's report (results.json, results.md, the plot):
+    a part of a run trained in a process of its own leaves the report to the run that assembles it.
     """
     t_start = time.time()
     rt = setup(cfg.device, threads=cfg.threads, progress=cfg.progress, train_precision=cfg.train.precision,
@@ -66,7 +69,7 @@ def run_experiment(cfg: ExperimentConfig, log: Log | None = None, command: str |
     say = log or (lambda msg: _say(msg) if rt.is_main else None)
     try:
         if cfg.seeds is None:
-            return Experiment(cfg, rt, say).run(t_start, command)
+            return Experiment(cfg, rt, say).run(t_start, command, report)
         runs = {}
         for seed in cfg.seeds:
             one = dataclasses.replace(cfg, seed=seed, seeds=None, out_dir=str(cfg.run_dir / f"seed_{seed}"))
@@ -101,7 +104,7 @@ class Experiment:
         return build_model(self.cfg.model, scheme, img_size=self.cfg.data.img_size,
                            num_classes=self.data.num_classes, in_chans=self.data.in_chans, seed=self.cfg.seed)
 
-    def run(self, t_start: float, command: str | None) -> RunResult:
+    def run(self, t_start: float, command: str | None, report: bool = True) -> RunResult:
         cfg, rt, run_dir = self.cfg, self.rt, self.cfg.run_dir
         with main_first(rt):
             run_dir.mkdir(parents=True, exist_ok=True)
@@ -127,7 +130,7 @@ class Experiment:
             if r.train is not None:
                 self.say(f"[{s.name}] converged: {converged_text(r.train.convergence(cfg.train.converged_within))}")
         results.wall_seconds = round(time.time() - t_start, 1)
-        if rt.is_main:
+        if rt.is_main and report:
             table = write_outputs(results, run_dir)
             self.say("\n" + table + f"\n\nwritten: {run_dir}/results.json, results.md, accuracy.png "
                      f"({results.wall_seconds:.0f} s)")
