@@ -137,6 +137,19 @@ def resolve_schemes(
     return tuple(group[0] if group else None for group in (additive, attention, conditional))
 
 
+def refuse_one_grid(attention: SchemeInfo | None, host: str, batches: str) -> None:
+    """A query-dependent bias (decomposed2d, irpe2d: tables from the query at each offset of one grid) has no ragged
+    or packed form: a host whose every batch is ragged or packed (``batches`` says how) refuses it at ``patch``
+    time, naming the attention schemes it takes."""
+    if attention is None or attention.kind != "query_bias":
+        return
+    takes = [n for n in list_encodings(2, kind=ATTENTION_KINDS) if get_info(n, ndim=2).kind != "query_bias"]
+    raise ValueError(
+        f"{attention.name} on {host}: a query-dependent bias is built for one image grid, and {batches}; "
+        f"attention schemes this model takes: {', '.join(takes)}"
+    )
+
+
 def _build(
     info: SchemeInfo,
     context: dict[str, Any],
