@@ -379,6 +379,20 @@ def test_a_query_dependent_bias_is_refused_at_patch_time_naming_the_scheme(schem
     assert not hasattr(tower, "vispos")  # refused before anything changed
 
 
+def test_tower_input_mistakes_are_named_by_the_argument_they_are_in() -> None:
+    """Pixtral's image_sizes larger than the pixel_values they are cut from, Qwen rows that grid_thw does not count:
+    refused where the inputs arrive, naming the argument and the shapes given."""
+    model = vispos.patch(pixtral(), "rope2d")
+    x = images()  # [3, 3, 48, 64]
+    with pytest.raises(ValueError, match=r"image_sizes \[\(48, 72\)\] exceed pixel_values of shape \(3, 3, 48, 64\)"):
+        run(model, x, torch.tensor([[48, 64], [32, 40], [48, 72]]))
+    for family in QWENS:
+        tower = vispos.patch(qwen(family=family), "rope2d")
+        with pytest.raises(ValueError, match=r"grid_thw \[\[1, 4, 6\]\] names 24 patches .*\(hidden_states\) "
+                           r"have shape \(52, 96\)"):  # fmt: skip
+            run_qwen(tower, patches(), torch.tensor([[1, 4, 6]]))
+
+
 def test_a_discarded_rope_is_said() -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -9,7 +9,9 @@ plain ``nn.Module`` made of ``vispos.layers.Attention`` layers alike.
 
 from __future__ import annotations
 
+import difflib
 import math
+from dataclasses import fields
 from typing import Any
 
 from torch import nn
@@ -21,6 +23,7 @@ from .positions import Positions, plain
 from .registry import list_encodings
 
 ATTENTION_BACKENDS: tuple[str, ...] = ("sdpa", "flex")
+SETTINGS: tuple[str, ...] = ("scaling", "train_grid", "log_n_attention", "attention")  # configure's own keywords
 
 _KEEP: Any = object()  # "leave this setting as it is"
 
@@ -67,6 +70,7 @@ def configure(
     positions = [m for m in module.modules() if isinstance(m, Positions)]
     if not positions and not any(hasattr(m, "scheme_info") for m in module.modules()):
         raise ValueError("no vispos positional scheme found; patch the model with vispos.patch or use vispos.layers")
+    _refuse_unknown(scaling_options)
     grid = None if train_grid is None else check_grid(train_grid, "train_grid")
     if scaling is _KEEP and scaling_options:
         raise ValueError(f"scaling options {sorted(scaling_options)} given without scaling=")
@@ -109,6 +113,20 @@ def configure(
         for pos in positions:
             pos.settings["attention"] = attention  # read back as Positions.attention_backend
     return module
+
+
+def _refuse_unknown(given: dict[str, Any]) -> None:
+    """A keyword that is neither a setting of ``configure`` nor a ``RopeScaling`` field, named with the accepted
+    ones and the nearest of them."""
+    options = tuple(f.name for f in fields(RopeScaling) if f.name != "type")
+    unknown = [k for k in given if k not in options]
+    if unknown:
+        near = {k: difflib.get_close_matches(k, SETTINGS + options, n=1) for k in unknown}
+        hints = "".join(f" ({k!r}: did you mean {m[0]!r}?)" for k, m in near.items() if m)
+        raise TypeError(
+            f"vispos.configure got unknown keyword(s) {', '.join(map(repr, unknown))}{hints}; "
+            f"accepted: {', '.join(SETTINGS)}, and with scaling= the RopeScaling fields {', '.join(options)}"
+        )
 
 
 def set_position_enabled(module: nn.Module, enabled: bool) -> nn.Module:

@@ -35,6 +35,7 @@ from ..attention import as_float_mask, combine_masks, flex_bias_attention, query
 from ..host import PositionsHost
 from ..positions import PositionContext, Positions
 from .families import FAMILIES, naflex_layout, patch_conv, token_grid
+from .inputs import check_image_sizes, check_rows
 
 FLASH_REFUSAL = (
     "a bias scheme adds a bias to every attention logit, which flash attention kernels do not take: use "
@@ -171,6 +172,7 @@ class PatchedTower(PositionsHost):
         too_small = [tuple(int(v) for v in s) for s in image_sizes if int(s[0]) < p or int(s[1]) < p]
         if too_small:
             raise ValueError(f"image sizes {too_small} hold no {p}x{p} patch")
+        check_image_sizes(pixel_values, image_sizes)
         cells, sizes, segments = packed_layout(image_sizes, p, pixel_values.device)
         # Pixtral's forward hides the other images with its own block mask: none is built here
         return self.vispos.ragged_context(cells, sizes, segments=segments, separate=True)
@@ -216,6 +218,7 @@ class PatchedMergedTower(PositionsHost):
     def forward(self, hidden_states: torch.Tensor, grid_thw: torch.Tensor | None = None, **kwargs: Any) -> Any:
         if grid_thw is None:
             raise ValueError("a vispos-patched Qwen-VL vision tower needs grid_thw [N, 3], as its processor gives it")
+        check_rows(hidden_states, grid_thw)
         extra = self.vispos_keywords(grid_thw, kwargs)  # (may take precomputed keywords out of kwargs)
         return super().forward(hidden_states, grid_thw, **extra, **kwargs)
 
