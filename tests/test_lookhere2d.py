@@ -36,6 +36,7 @@ CONFIGS = [
     ("corners-triangles-none", 12, {"distance": "sqrt"}),
     ("corners-triangles-none", 12, {"distance": "square", "fill_with": "max"}),
     ("halves-zerocorners", 16, {"fill_with": "zero"}),
+    ("halves-zerocorners", 16, {"fill_with": "max"}),  # fill="max" on heads without a distance: their max is 0
 ]
 DEPTH = 3
 

@@ -91,9 +91,16 @@ class ParabolaChannels:
         return replace(self, points=F.pad(self.points, (0, 0, num_prefix_tokens, 0)))
 
     def take(self, tokens: torch.Tensor) -> ParabolaChannels:
-        """The rows of a token subset, ``tokens`` [B, M] indices into the P + HW tokens."""
-        origin = self.origin if self.origin.dim() == 1 else self.origin[tokens]
-        return replace(self, points=self.points[tokens], origin=origin)
+        """The rows of a token subset, ``tokens`` [B, M] indices into each row's tokens (the P + HW tokens of one
+        grid, or a ragged row's own): per-token ``points`` and ``origin`` [B, T, 2] are gathered row by row."""
+
+        def rows(t: torch.Tensor) -> torch.Tensor:
+            if t.dim() == 2:  # [T, 2], shared by every row
+                return t[tokens]
+            return t.gather(1, tokens[..., None].expand(-1, -1, t.shape[-1]))  # [B, T, 2] -> [B, M, 2]
+
+        origin = self.origin if self.origin.dim() == 1 else rows(self.origin)
+        return replace(self, points=rows(self.points), origin=origin)
 
     def bind(self, inputs: torch.Tensor, q_divisor: float | torch.Tensor = 1.0) -> ParabolaChannels:
         """With the attention's input [B, T, width] and the logit scale q is multiplied by (the host's part)."""
