@@ -45,6 +45,12 @@ class PositionsHost:
         """The positional settings: schemes, options, training grid, and what ``vispos.configure`` set."""
         return self.vispos.settings
 
+    def positional_no_weight_decay(self) -> set[str]:
+        """The positional parameters ``no_weight_decay()`` lists: every one but those of a scheme whose release
+        decays them (a module with ``weight_decayed = True``: pape2d's projections)."""
+        decayed = {id(p) for m in self.vispos.modules() if getattr(m, "weight_decayed", False) for p in m.parameters()}
+        return {f"vispos.{name}" for name, p in self.vispos.named_parameters() if id(p) not in decayed}
+
     def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False) -> Any:
         """``nn.Module.load_state_dict``; with ``strict=False`` a checkpoint of other positions (or a plain
         checkpoint whose table the scheme cannot hold) gives every weight outside the positions and reports the

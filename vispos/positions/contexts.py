@@ -151,7 +151,7 @@ class Contexts:
                 return (
                     f"{name} is defined at integer grid cells only ({why}): "
                     "fractional coordinates are refused; round them to cells, or use a scheme defined between "
-                    "cells (cpb2d, alibi2d, the rotary schemes, sincos2d, learned2d)"
+                    "cells (cpb2d, alibi2d, lookhere2d, irpe2d_bias, pape2d, the rotary schemes, sincos2d, learned2d)"
                 )
         if self.conditional is not None and self.enabled:
             return (
