@@ -19,7 +19,7 @@ import torch
 from timm.models.vision_transformer import VisionTransformer
 
 import vispos
-from vispos.encodings.irpe import grid_bucket_ids, num_buckets, piecewise_index
+from vispos.encodings.irpe_buckets import grid_bucket_ids, num_buckets, piecewise_index
 from vispos.encodings.relbias import bias_mask, prefixed_offset_index
 
 TRAIN, LARGER = (14, 14), (18, 23)
