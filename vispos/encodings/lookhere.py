@@ -30,16 +30,19 @@ offsets to no head of it. The released code (``create_lh_layer_tensor``) deals h
 per field, the blocks as evenly as possible with earlier groups first, and defines the splits it was run with: one
 group over 4k heads, two to four groups over 12 and 16 heads (12 over two groups 8 + 4, 16 over three 8 + 4 + 4)
 and 6 heads, which it splits 4 + 2 (the second group's first two fields; a third group gets none). vispos follows
-those splits exactly and extends the rule to any head count:
+those splits exactly (at 6 heads when the first group is directional, so that its block looks every way) and
+extends the rule to any head count:
 
-- ``num_heads // 4`` whole blocks are dealt as the released code deals them (6 heads: its 4 + 2 split);
+- ``num_heads // 4`` whole blocks are dealt as the released code deals them (6 heads: its 4 + 2 split), in the
+  order listed, with two exceptions: when there are fewer blocks than groups the directional groups are dealt
+  first, and a global group that takes the heads left over is dealt last;
 - the ``num_heads % 4`` heads left over go to the first undirected group listed (``none``, ``zero``,
   ``noneNzeroM``: global heads, which need no block), or else take the first fields of the next group dealt;
 - under 4 heads no block fits, so every head goes to the undirected groups: with none listed no split looks
   every way, and ``fields`` is refused.
 
-So every directional group served holds whole blocks (every direction seen) and a listed global group gets a head
-whenever the heads outnumber the blocks (5, 7, 9 or more heads for ``corners-triangles-none``). A group left
+So from 4 heads on the directional heads hold a whole block and together look every way, and a listed global
+group gets a head whenever the heads outnumber the blocks (5, 7, 9 or more heads for ``corners-triangles-none``). A group left
 without heads (4, 6 or 8 heads over three groups) is dropped with a ``UserWarning`` naming each head's field.
 
 Head slopes, per run of heads of one group name: directional groups 2^-(1 + j // 4) for the run's j-th head
@@ -101,19 +104,24 @@ def _undirected(group: str) -> bool:
 def _split(groups: list[str], num_heads: int) -> list[str]:
     """Each head's group, in head order (module docstring: the released splits, extended to any count)."""
     blocks, left = divmod(num_heads, 4)
-    if num_heads == 6 and len(groups) > 1:  # the released code's own split: 4 + 2 of the second group
+    if num_heads == 6 and len(groups) > 1 and not _undirected(groups[0]):  # the released split: 4 + 2 of the second
         return [groups[0]] * 4 + [groups[1]] * 2
-    share = [4 * (blocks // len(groups) + (i < blocks % len(groups))) for i in range(len(groups))]
     undirected = [i for i, g in enumerate(groups) if _undirected(g)]
+    order = list(range(len(groups)))  # the dealing order: as listed, but for two turns
+    if blocks < len(groups):  # not every group gets a block: the directional ones first
+        order = [i for i in order if i not in undirected] + undirected
+    if left and undirected:  # the global group that takes the heads left over is dealt its blocks last
+        order = [i for i in order if i != undirected[0]] + [undirected[0]]
+    share = [0] * len(groups)
+    for turn, i in enumerate(order):
+        share[i] = 4 * (blocks // len(groups) + (turn < blocks % len(groups)))
     if blocks == 0 and not undirected:
         raise ValueError(
             f"fields={'-'.join(groups)!r} on {num_heads} head(s): a directional group looks every way only with a "
             "block of four heads, one per field; under 4 heads use an undirected group ('none', 'zero', "
             "'none1zero3'...: global heads), or another scheme"
         )
-    if blocks == 0:
-        share = [0] * len(groups)
-    share[undirected[0] if undirected else blocks % len(groups)] += left
+    share[undirected[0] if undirected else order[blocks % len(groups)]] += left
     return [g for g, count in zip(groups, share, strict=True) for _ in range(count)]
 
 
