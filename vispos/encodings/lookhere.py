@@ -42,8 +42,9 @@ extends the rule to any head count:
   every way, and ``fields`` is refused.
 
 So from 4 heads on the directional heads hold a whole block and together look every way, and a listed global
-group gets a head whenever the heads outnumber the blocks (5, 7, 9 or more heads for ``corners-triangles-none``). A group left
-without heads (4, 6 or 8 heads over three groups) is dropped with a ``UserWarning`` naming each head's field.
+group gets a head whenever the heads outnumber the blocks (5, 7, 9 or more heads for ``corners-triangles-none``).
+A group left without heads (4, 6 or 8 heads over three groups) is dropped with a ``UserWarning`` naming each
+head's field.
 
 Head slopes, per run of heads of one group name: directional groups 2^-(1 + j // 4) for the run's j-th head
 (0.5 for the first four); groups without a field (``none``, ``zero``...) 1/4, 1/16, 1/64, 1/256, the first k
