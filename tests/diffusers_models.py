@@ -72,8 +72,12 @@ def lumina() -> tuple[torch.nn.Module, Inputs]:
         g = torch.Generator().manual_seed(h * 100 + w)
         mask = torch.ones(2, 4, dtype=torch.bool)
         mask[1, 3:] = False  # captions of 4 and 3 tokens: each keeps its own positions
-        return {"hidden_states": torch.randn(2, 4, 2 * h, 2 * w, generator=g), "timestep": torch.tensor([t, t]),
-                "encoder_hidden_states": torch.randn(2, 4, 8, generator=g), "encoder_attention_mask": mask}
+        return {
+            "hidden_states": torch.randn(2, 4, 2 * h, 2 * w, generator=g),
+            "timestep": torch.tensor([t, t]),
+            "encoder_hidden_states": torch.randn(2, 4, 8, generator=g),
+            "encoder_attention_mask": mask,
+        }
 
     return model, inputs
 
@@ -85,9 +89,12 @@ def sd3() -> tuple[torch.nn.Module, Inputs]:
 
     def inputs(h: int, w: int, t: float = 700.0) -> dict[str, Any]:
         g = torch.Generator().manual_seed(h * 100 + w)
-        return {"hidden_states": torch.randn(1, 4, 2 * h, 2 * w, generator=g), "timestep": torch.tensor([t]),
-                "encoder_hidden_states": torch.randn(1, 3, 8, generator=g),
-                "pooled_projections": torch.randn(1, 8, generator=g)}
+        return {
+            "hidden_states": torch.randn(1, 4, 2 * h, 2 * w, generator=g),
+            "timestep": torch.tensor([t]),
+            "encoder_hidden_states": torch.randn(1, 3, 8, generator=g),
+            "pooled_projections": torch.randn(1, 8, generator=g),
+        }
 
     return model, inputs
 
@@ -99,9 +106,12 @@ def pixart() -> tuple[torch.nn.Module, Inputs]:
 
     def inputs(h: int, w: int, t: float = 700.0) -> dict[str, Any]:
         g = torch.Generator().manual_seed(h * 100 + w)
-        return {"hidden_states": torch.randn(1, 4, 2 * h, 2 * w, generator=g), "timestep": torch.tensor([t]),
-                "encoder_hidden_states": torch.randn(1, 3, 8, generator=g),
-                "added_cond_kwargs": {"resolution": None, "aspect_ratio": None}}
+        return {
+            "hidden_states": torch.randn(1, 4, 2 * h, 2 * w, generator=g),
+            "timestep": torch.tensor([t]),
+            "encoder_hidden_states": torch.randn(1, 3, 8, generator=g),
+            "added_cond_kwargs": {"resolution": None, "aspect_ratio": None},
+        }
 
     return model, inputs
 
@@ -112,8 +122,11 @@ def dit() -> tuple[torch.nn.Module, Inputs]:
 
     def inputs(h: int, w: int, t: float = 700.0) -> dict[str, Any]:
         g = torch.Generator().manual_seed(h * 100 + w)
-        return {"hidden_states": torch.randn(1, 4, 2 * h, 2 * w, generator=g), "timestep": torch.tensor([int(t)]),
-                "class_labels": torch.tensor([1])}
+        return {
+            "hidden_states": torch.randn(1, 4, 2 * h, 2 * w, generator=g),
+            "timestep": torch.tensor([int(t)]),
+            "class_labels": torch.tensor([1]),
+        }
 
     return model, inputs
 

@@ -1,15 +1,15 @@
 """The diffusers transformers vispos patches, as data: where each keeps its positions, what they are, the training
 grid its scalings are relative to by default, and how its forward's ``timestep`` reads as a noise level.
 
-| class | positions (module) | default training grid | timestep -> noise level |
+| class | positions (module) | training grid | noise level |
 | --- | --- | --- | --- |
-| ``FluxTransformer2DModel`` | RoPE over ids (t, h, w), (16, 56, 56), theta 1e4 (``pos_embed``) | 64 x 64 (1024 px) | sigma |
-| ``Flux2Transformer2DModel`` | RoPE over ids (t, h, w, l), (32, 32, 32, 32), theta 2000 | 64 x 64 (1024 px) | sigma |
-| ``QwenImageTransformer2DModel`` | RoPE over centred ids (``pos_embed``, complex) | 83 x 83 (1328 px) | sigma |
-| ``Lumina2Transformer2DModel`` | RoPE over (caption, h, w) ids (``rope_embedder``, complex) | 64 x 64 (1024 px) | 1 - t |
-| ``SD3Transformer2DModel`` | sin-cos table cropped from ``pos_embed_max_size`` (``pos_embed``) | the config's | t / 1000 |
-| ``PixArtTransformer2DModel`` | sin-cos table over ``base_size`` (``pos_embed``) | the config's | t / 1000 |
-| ``DiTTransformer2DModel`` | sin-cos table over ``base_size`` (``pos_embed``) | the config's | t / 1000 |
+| ``FluxTransformer2DModel`` | RoPE over ids (t, h, w) (``pos_embed``) | 64 x 64 (1024 px) | timestep |
+| ``Flux2Transformer2DModel`` | RoPE over ids (t, h, w, l) (``pos_embed``) | 64 x 64 (1024 px) | timestep |
+| ``QwenImageTransformer2DModel`` | RoPE over centred ids (``pos_embed``, complex) | 83 x 83 (1328 px) | timestep |
+| ``Lumina2Transformer2DModel`` | RoPE over (caption, h, w) ids (``rope_embedder``) | 64 x 64 (1024 px) | 1 - timestep |
+| ``SD3Transformer2DModel`` | sin-cos table, centre crop of ``pos_embed_max_size`` | the config's | timestep / 1000 |
+| ``PixArtTransformer2DModel`` | sin-cos table over ``base_size`` (``pos_embed``) | the config's | timestep / 1000 |
+| ``DiTTransformer2DModel`` | sin-cos table over ``base_size`` (``pos_embed``) | the config's | timestep / 1000 |
 
 The RoPE families' training grids are the latent token grids of their released checkpoints' training resolution
 (the DyPE authors' code uses 64 for FLUX and 83 for Qwen-Image); the sin-cos families' are their config's

@@ -103,8 +103,10 @@ def _check_request(family: Family, pos: Any, inherit: bool, options: dict[str, A
         raise ValueError(f"{family.name}: inherit=False would start fresh positions, which a pretrained diffusion "
                          f"transformer cannot use; patch with {own!r} and inherit=True")  # fmt: skip
     if options:
-        raise ValueError(f"{family.name}: options {sorted(options)}: the inherited positions take the model's own "
-                         "settings; set scaling with vispos.configure(transformer, scaling=..., train_grid=(H, W))")  # fmt: skip
+        raise ValueError(
+            f"{family.name}: options {sorted(options)}: the inherited positions take the model's own settings; set "
+            "scaling with vispos.configure(transformer, scaling=..., train_grid=(H, W))"
+        )
 
 
 def _describe(module: nn.Module) -> str:

@@ -37,9 +37,9 @@ class AxisRope(nn.Module):
         self.theta = float(theta)
         self.spatial = spatial
         self.source = source
-        self.train_grid = check_grid(train_grid, "train_grid")
         self.scaling: RopeScaling | None = None
         self.schedule: TimestepSchedule | None = None
+        self.set_train_grid(train_grid)
         self.sigma: torch.Tensor | None = None  # the noise level of the forward in progress (set by the transformer)
         self.extent: torch.Tensor | None = None  # its image grid (y, x), where the ids alone do not say it (FLUX.2)
         self.log_n_tokens: int | None = None  # the training token count while log-n attention is on (Positions')
@@ -59,10 +59,17 @@ class AxisRope(nn.Module):
             got = "no scaling" if read is None else f"{read.type!r} scaling"
             raise ValueError(f"schedule={plan.type!r} schedules {' or '.join(SCHEDULED_TYPES)} scaling (DyPE defines "
                              f"no other); got {got}")  # fmt: skip
-        self.scaling, self.schedule, self.train_grid = read, plan, grid
+        self.scaling, self.schedule = read, plan
+        self.set_train_grid(grid)
 
     def set_train_grid(self, train_grid: tuple[int, int]) -> None:
+        """Make the scaling relative to ``train_grid``: each scaled axis's original length is its size there."""
         self.train_grid = check_grid(train_grid, "train_grid")
+        self.axis_scalings = tuple(  # made here, not in forward: a compiled forward builds no dataclass
+            None if self.scaling is None or axis not in self.spatial
+            else replace(self.scaling, original_length=self.train_grid[self.spatial.index(axis)])
+            for axis in range(len(self.axes_dim))
+        )  # fmt: skip
 
     def get_extra_state(self) -> torch.Tensor:
         return encode({"scaling": None if self.scaling is None else asdict(self.scaling),
@@ -74,11 +81,6 @@ class AxisRope(nn.Module):
         scaling = None if state["scaling"] is None else replace(saved_scaling(state["scaling"]), original_length=None)
         self.set_scaling(scaling, train_grid=tuple(state["train_grid"]), schedule=state["schedule"])
 
-    def axis_scaling(self, axis: int) -> RopeScaling | None:
-        if self.scaling is None or axis not in self.spatial:
-            return None
-        return replace(self.scaling, original_length=self.train_grid[self.spatial.index(axis)])
-
     def pairs(self, ids: torch.Tensor, extent: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """ids [..., S, A] -> (angles [..., S, sum(axes_dim) / 2] float64, magnitude per pair [sum / 2] float64).
         ``extent`` [2]: the image grid (y, x) the scaling and log-n follow (default: the ids' own extent)."""
@@ -88,8 +90,7 @@ class AxisRope(nn.Module):
         pos = ids.double()
         sigma = self.sigma if self.sigma is not None else torch.ones((), dtype=torch.float64)
         angles, magnitude = [], []
-        for axis, dim in enumerate(self.axes_dim):
-            scaling = self.axis_scaling(axis)
+        for axis, (dim, scaling) in enumerate(zip(self.axes_dim, self.axis_scalings, strict=True)):
             size = extent[self.spatial.index(axis)] if axis in self.spatial else extent.new_ones(())
             length = self.train_grid[self.spatial.index(axis)] if axis in self.spatial else 1
             inv, factor = axis_inv_freq(dim, self.theta, scaling, size / length, schedule=self.schedule,
@@ -115,6 +116,13 @@ class AxisRope(nn.Module):
 
 
 AxisRope.scheme_info = SchemeInfo(  # type: ignore[attr-defined]
-    name="rope2d", ndim=2, kind="rotary", trainable=False, relative=True, builder=AxisRope, scalable=True,
-    summary="a diffusion transformer's own axial RoPE, recomputed", extrapolation="linear/ntk/yarn per axis; DyPE",
+    name="rope2d",
+    ndim=2,
+    kind="rotary",
+    trainable=False,
+    relative=True,
+    builder=AxisRope,
+    scalable=True,
+    summary="a diffusion transformer's own axial RoPE, recomputed",
+    extrapolation="linear/ntk/yarn per axis; DyPE",
 )

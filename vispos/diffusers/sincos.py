@@ -94,6 +94,13 @@ class SinCosTable(nn.Module):
 
 
 SinCosTable.scheme_info = SchemeInfo(  # type: ignore[attr-defined]
-    name="sincos2d", ndim=2, kind="additive", trainable=False, relative=False, builder=SinCosTable, scalable=True,
-    summary="a diffusion transformer's own sin-cos table, recomputed", extrapolation="position interpolation",
+    name="sincos2d",
+    ndim=2,
+    kind="additive",
+    trainable=False,
+    relative=False,
+    builder=SinCosTable,
+    scalable=True,
+    summary="a diffusion transformer's own sin-cos table, recomputed",
+    extrapolation="position interpolation",
 )

@@ -80,7 +80,7 @@ def as_schedule(schedule: TimestepSchedule | str | dict[str, Any] | None) -> Tim
 
 
 def kappa(sigma: torch.Tensor, exponent: float) -> torch.Tensor:
-    """DyPE's strength at noise level ``sigma`` (1: pure noise, 0: clean): sigma ** exponent, sigma clamped to [0, 1]."""
+    """DyPE's strength at noise level ``sigma`` (1: pure noise, 0: clean): sigma ** exponent, sigma within [0, 1]."""
     return sigma.double().clamp(0.0, 1.0) ** exponent
 
 
