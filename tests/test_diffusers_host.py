@@ -74,18 +74,23 @@ def test_lumina_caption_positions_match_the_host() -> None:
         assert a.dtype == b.dtype == torch.complex128 and torch.equal(a, b)
 
 
-def test_a_pipeline_is_patched_through_its_transformer() -> None:
-    model, inputs = build("dit")
-    reference = copy.deepcopy(model)
-    scheduler = diffusers.DDIMScheduler(num_train_timesteps=10)
+def test_a_pipeline_is_patched_through_its_transformer_and_runs_end_to_end() -> None:
+    model, _ = build("dit")
+    torch.manual_seed(0)
     vae = diffusers.AutoencoderKL(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",),
                                   up_block_types=("UpDecoderBlock2D",), block_out_channels=(8,), latent_channels=4,
                                   norm_num_groups=4, layers_per_block=1)  # fmt: skip
-    pipe = diffusers.DiTPipeline(transformer=model, vae=vae, scheduler=scheduler)
+    pipe = diffusers.DiTPipeline(transformer=model, vae=vae, scheduler=diffusers.DDIMScheduler(num_train_timesteps=10))
+    pipe.set_progress_bar_config(disable=True)
+
+    def generate() -> torch.Tensor:
+        return pipe(class_labels=[1], num_inference_steps=2, guidance_scale=1.0, output_type="pt",
+                    generator=torch.Generator().manual_seed(0)).images  # fmt: skip
+
+    before = generate()
     assert vispos.patch(pipe, "sincos2d") is pipe
     assert pipe.transformer.vispos_cfg["pos"] == ["sincos2d"]
-    given = inputs(4, 4)
-    torch.testing.assert_close(run(pipe.transformer, given), run(reference, given), rtol=0, atol=1e-6)
+    torch.testing.assert_close(generate(), before, rtol=0, atol=1e-6)
 
 
 def test_refusals_name_what_is_accepted() -> None:
@@ -122,3 +127,20 @@ def test_the_version_floor_is_checked() -> None:
         check_version("0.41.2")
     declared = next(line for line in open("pyproject.toml") if line.startswith("diffusers = "))
     assert f'"diffusers>={floor}"' in declared  # the floor the extra declares is the one checked
+
+
+def test_save_pretrained_and_from_pretrained_keep_the_positions(tmp_path) -> None:
+    from vispos.diffusers import from_pretrained
+
+    model, inputs = build("flux")
+    vispos.patch(model, "rope2d")
+    vispos.configure(model, scaling="yarn", schedule="dype", log_n_attention=True, train_grid=(3, 3))
+    model.save_pretrained(tmp_path)
+    loaded = from_pretrained(tmp_path)
+    assert type(loaded) is type(model) and loaded.vispos_cfg == model.vispos_cfg
+    given = inputs(6, 5, 0.5)  # above the training grid: the scaling, its schedule and log-n are in use
+    torch.testing.assert_close(run(loaded, given), run(model, given), rtol=0, atol=0)
+    plain, _ = build("flux", seed=1)
+    plain.save_pretrained(tmp_path / "plain")  # saved without vispos: its own positions, no scaling
+    again = from_pretrained(tmp_path / "plain")
+    assert again.vispos_cfg.get("scaling") is None and torch.equal(run(again, given), run(plain, given))

@@ -7,7 +7,8 @@ pipeline is patched; diffusers is not a dependency of vispos itself).
   scaling, DyPE's timestep schedule (``encodings/dype.py``) and log-n attention.
 - ``sincos.py``: the sin-cos families' table, recomputed (``SinCosTable``), with position interpolation.
 - ``modules.py``: the patched classes (the transformer, its positional module), made once per diffusers class.
-- ``patching.py``: ``patch``.
+- ``patching.py``: ``patch``; ``loading.py``: ``from_pretrained`` (a patched transformer saved with
+  ``save_pretrained``, rebuilt with its positional settings).
 
 Supported diffusers: 0.42 and newer (``pyproject.toml``'s ``diffusers`` extra; ``make test-diffusers-min`` runs the
 adapter's tests at the floor; older releases are refused by name).
@@ -28,6 +29,7 @@ from __future__ import annotations
 import diffusers
 
 from .families import FAMILIES
+from .loading import from_pretrained
 from .patching import DiffusionPositions, patch
 
 DIFFUSERS_MIN = (0, 42)  # as pyproject.toml's diffusers extra declares
@@ -47,4 +49,4 @@ def check_version(version: str) -> None:
 
 check_version(diffusers.__version__)
 
-__all__ = ["DIFFUSERS_MIN", "FAMILIES", "DiffusionPositions", "check_version", "patch"]
+__all__ = ["DIFFUSERS_MIN", "FAMILIES", "DiffusionPositions", "check_version", "from_pretrained", "patch"]

@@ -78,7 +78,9 @@ class AxisRope(nn.Module):
 
     def set_extra_state(self, state: torch.Tensor | dict[str, Any]) -> None:
         state = decode(state)
-        scaling = None if state["scaling"] is None else replace(saved_scaling(state["scaling"]), original_length=None)
+        scaling = saved_scaling(state["scaling"])  # its original length comes from the training grid
+        if scaling is not None:
+            scaling.pop("original_length", None)
         self.set_scaling(scaling, train_grid=tuple(state["train_grid"]), schedule=state["schedule"])
 
     def pairs(self, ids: torch.Tensor, extent: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -12,7 +12,7 @@ training grid covers: row r at (top0 + r / s) B / (M i), s = H / H0 per axis (or
 
 from __future__ import annotations
 
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -61,7 +61,9 @@ class SinCosTable(nn.Module):
 
     def set_extra_state(self, state: torch.Tensor | dict[str, Any]) -> None:
         state = decode(state)
-        scaling = None if state["scaling"] is None else replace(saved_scaling(state["scaling"]), original_length=None)
+        scaling = saved_scaling(state["scaling"])  # its original length comes from the training grid
+        if scaling is not None:
+            scaling.pop("original_length", None)
         self.set_scaling(scaling, train_grid=tuple(state["train_grid"]))
 
     def coordinates(self, n: int, axis: int, device: torch.device | None) -> torch.Tensor:
