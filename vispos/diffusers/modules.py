@@ -24,21 +24,19 @@ from .families import FAMILIES, noise_level
 
 _PREFIX = "_vispos["
 _CLASSES: dict[tuple[type, type], type] = {}
-_SIGNATURES: dict[type, inspect.Signature] = {}
 
 
 class PatchedTransformer(PositionsHost):
     """A diffusers transformer with vispos positions (``vispos``, ``vispos_cfg``); its forward is the host's."""
 
     vispos_family: str
+    vispos_parameters: tuple[str, ...]  # the host forward's parameters after self, in order (set by ``patch``)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         rope = getattr(self.vispos, "rotation", None)
         if rope is None:
             return super().forward(*args, **kwargs)  # type: ignore[misc]
-        base = type(self).__bases__[1]  # the host's class (``patched``: bases (PatchedTransformer, host))
-        signature = _SIGNATURES.setdefault(base, inspect.signature(base.forward))
-        given = signature.bind_partial(self, *args, **kwargs).arguments
+        given = dict(zip(self.vispos_parameters, args, strict=False)) | kwargs
         timestep = given.get("timestep")
         rope.sigma = None if timestep is None else noise_level(FAMILIES[self.vispos_family], timestep)
         img_ids = given.get("img_ids")
@@ -143,3 +141,8 @@ def __getattr__(name: str) -> type:  # module attribute lookup: how pickle finds
 
 def set_rope(module: nn.Module, rope: nn.Module) -> None:
     module.__dict__["_vispos_rope"] = rope
+
+
+def forward_parameters(cls: type) -> tuple[str, ...]:
+    """The names of ``cls.forward``'s parameters after self, in order (how positional arguments are read)."""
+    return tuple(inspect.signature(cls.forward).parameters)[1:]

@@ -19,7 +19,7 @@ from ..host import PositionsHost
 from ..positions import Positions
 from ..registry import get_info
 from .families import Family, find_transformer
-from .modules import ROPE_CLASSES, PatchedPatchEmbed, PatchedTransformer, patched, set_rope
+from .modules import ROPE_CLASSES, PatchedPatchEmbed, PatchedTransformer, forward_parameters, patched, set_rope
 from .rotary import AxisRope
 from .sincos import SinCosTable
 
@@ -80,6 +80,7 @@ def patch(model: Any, pos: str | list[str] | tuple[str, ...], *, inherit: bool =
         module.__class__ = patched(type(module), PatchedPatchEmbed)
     transformer.vispos = positions.train(transformer.training)
     transformer.vispos_family = family.name
+    transformer.vispos_parameters = forward_parameters(type(transformer))
     transformer.__class__ = patched(type(transformer), PatchedTransformer)
     return model
 
