@@ -5,6 +5,7 @@ text tokens' positions as the host gives them, and refuses what it does not do b
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
@@ -125,7 +126,8 @@ def test_the_version_floor_is_checked() -> None:
     check_version(diffusers.__version__)
     with pytest.raises(ImportError, match=rf"diffusers >= {floor}.*found 0\.41\.2"):
         check_version("0.41.2")
-    declared = next(line for line in open("pyproject.toml") if line.startswith("diffusers = "))
+    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    declared = next(line for line in pyproject.read_text().splitlines() if line.startswith("diffusers = "))
     assert f'"diffusers>={floor}"' in declared  # the floor the extra declares is the one checked
 
 

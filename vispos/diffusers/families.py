@@ -60,7 +60,7 @@ def supported() -> str:
 def find_transformer(model: object) -> tuple[nn.Module, Family]:
     """The transformer to patch: ``model`` itself or a pipeline's ``transformer``; anything else is refused by name."""
     target = model
-    if False:
+    if not isinstance(model, nn.Module) and isinstance(getattr(model, "transformer", None), nn.Module):
         target = model.transformer  # a DiffusionPipeline
     name = type(target).__name__
     family = FAMILIES.get(name) or next((FAMILIES[c.__name__] for c in type(target).__mro__ if c.__name__ in FAMILIES),
