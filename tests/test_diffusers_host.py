@@ -116,6 +116,11 @@ def test_refusals_name_what_is_accepted() -> None:
     with pytest.raises(TypeError, match=r"cannot patch diffusers SanaTransformer2DModel.*FluxTransformer2DModel.*"
                                         r"DiTTransformer2DModel"):  # fmt: skip
         vispos.patch(other, "rope2d")
+    layered = diffusers.QwenImageTransformer2DModel(patch_size=2, in_channels=16, out_channels=4, num_layers=1,
+        attention_head_dim=16, num_attention_heads=2, joint_attention_dim=8, axes_dims_rope=(4, 6, 6),
+        use_layer3d_rope=True)  # fmt: skip
+    with pytest.raises(TypeError, match="QwenEmbedRope; this one has QwenEmbedLayer3DRope"):
+        vispos.patch(layered, "rope2d")
 
 
 def test_the_version_floor_is_checked() -> None:
