@@ -206,3 +206,24 @@ def test_configure_refusals() -> None:
     with pytest.raises(ValueError, match="log_n_attention on a sin-cos diffusion transformer"):
         vispos.configure(sd3, log_n_attention=True)
     assert sd3.vispos.log_n_tokens is None
+
+
+def test_flux_dype_per_axis_at_the_forwards_noise_level() -> None:
+    """The schedule through the host: each image axis of FLUX's rotation takes DyPE's YaRN at its own factor and the
+    noise level of the forward's timestep (the factor 0.1 ln s + 1 on its own section), the first axis its own RoPE."""
+    model = diffusers.FluxTransformer2DModel(patch_size=1, in_channels=4, num_layers=1, num_single_layers=0,
+        attention_head_dim=64, num_attention_heads=1, joint_attention_dim=8, pooled_projection_dim=8,
+        axes_dims_rope=(8, 28, 28))  # fmt: skip
+    vispos.patch(model, "rope2d")
+    vispos.configure(model, scaling="yarn", schedule="dype", train_grid=(16, 16))
+    ids = _flux_ids(32, 24, 3)  # s = 2 on y, 1.5 on x
+    model.vispos.rotation.sigma = torch.tensor(0.6, dtype=torch.float64)
+    cos, sin = model.pos_embed(ids)
+    model.vispos.rotation.sigma = None
+    base = 1e4 ** (-torch.arange(0, 8, 2, dtype=torch.float64) / 8)
+    y, m_y = _dype_yarn(28, 1e4, 16.0, 2.0, 0.6)
+    x, m_x = _dype_yarn(28, 1e4, 16.0, 1.5, 0.6)
+    angles = torch.cat((ids[:, :1].double() * base, ids[:, 1:2].double() * y, ids[:, 2:].double() * x), dim=-1)
+    scale = torch.cat((torch.ones(4), torch.full((14,), m_y), torch.full((14,), m_x))).double()
+    torch.testing.assert_close(cos, (angles.cos() * scale).repeat_interleave(2, -1).float(), rtol=0, atol=1e-6)
+    torch.testing.assert_close(sin, (angles.sin() * scale).repeat_interleave(2, -1).float(), rtol=0, atol=1e-6)
