@@ -161,3 +161,20 @@ def test_patched_after_the_weights_arrive_through_accelerate(host, tmp_path) -> 
     model = vispos.patch(model, POS)
     x = torch.randn(1, 3, 32, 40)
     torch.testing.assert_close(out(model, x), out(ref, x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("host", HOSTS)
+def test_a_model_built_on_the_meta_device_is_patched_inheriting_its_table(host) -> None:
+    """Built as transformers and accelerate build large models (``torch.device("meta")``), patched keeping its
+    learned table: learned2d adopts it as meta, and loading the plain checkpoint materialises it."""
+    torch.manual_seed(0)
+    plain = HOSTS[host]().eval()
+    with torch.device("meta"):
+        model = HOSTS[host]()
+    vispos.patch(model, "learned2d")
+    assert model.vispos.additive.table.is_meta
+    model.load_state_dict(plain.state_dict(), assign=True)
+    ref = vispos.patch(plain, "learned2d")
+    assert not any(t.is_meta for t in model.state_dict().values())
+    x = torch.randn(1, 3, 32, 40)
+    torch.testing.assert_close(out(model, x), out(ref, x), rtol=0, atol=0)

@@ -176,6 +176,10 @@ class Learned2d(nn.Module):
             if self.prefix is not None:
                 self.prefix = nn.Parameter(self.prefix.to("meta"), requires_grad=self.prefix.requires_grad)
             return True
+        if self.table.is_meta:  # patched on the meta device, loading a plain checkpoint: the table arrives now
+            self.table = nn.Parameter(torch.empty_like(self.table, device=pos_embed.device))
+            if self.prefix is not None:
+                self.prefix = nn.Parameter(torch.empty_like(self.prefix, device=pos_embed.device))
         table = pos_embed[0, p:].reshape(*grid, self.dim)
         if grid != (h, w):
             table = resample_table_2d(table, (h, w), self.antialias, self.interpolation)
