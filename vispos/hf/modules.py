@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 import sys
 from typing import Any
 
@@ -263,10 +264,24 @@ def patched(base: type, mixin: type) -> type:
         namespace: dict[str, Any] = {"__module__": __name__, "__qualname__": name}
         if hasattr(base, "is_custom_code"):  # a PreTrainedModel: transformers' own, as its base is
             namespace |= {"is_custom_code": classmethod(_base_is_custom_code), "__init__": _not_built,
-                          "from_pretrained": classmethod(_not_built)}  # fmt: skip
+                          "from_pretrained": classmethod(_not_built),
+                          "forward": _same_signature(mixin, base)}  # fmt: skip
         cls = type(base.__name__, (mixin, base), namespace)
         _CLASSES[(base, mixin)] = cls
     return cls
+
+
+def _same_signature(mixin: type, base: type) -> Any:
+    """The mixin's forward, with the signature of the base's that it replaces (what transformers' tests and its
+    ``Trainer`` read: ``remove_unused_columns`` keeps the inputs the forward names)."""
+    impl = mixin.forward
+
+    def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        return impl(self, *args, **kwargs)
+
+    forward.__signature__ = inspect.signature(base.forward)  # type: ignore[attr-defined]
+    forward.__doc__ = impl.__doc__
+    return forward
 
 
 def _base(cls: type) -> type:
