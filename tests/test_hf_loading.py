@@ -181,7 +181,8 @@ def test_a_patched_vlm_saves_in_transformers_layout_and_loads_back(family, tmp_p
 @pytest.mark.parametrize("family", ["deit", "dinov2_reg", "siglip"])
 def test_transformers_init_runs_on_patched_models_whose_table_vispos_holds(family) -> None:
     """``initialize_weights`` (a load with missing weights, a meta-device build) on a family whose init writes to its
-    own table: it runs, and leaves vispos's table alone."""
+    own table: it runs, and leaves vispos's table alone when it is marked loaded (as transformers marks the weights a
+    checkpoint gave)."""
     build = {
         "deit": lambda: tf.DeiTModel(tf.DeiTConfig(**SIZE)),
         "dinov2_reg": lambda: tf.Dinov2WithRegistersModel(tf.Dinov2WithRegistersConfig(num_register_tokens=2,
@@ -191,6 +192,7 @@ def test_transformers_init_runs_on_patched_models_whose_table_vispos_holds(famil
     model = vispos.patch(build(), "learned2d")
     table = next(m for m in model.modules() if isinstance(getattr(m, "vispos", None), Positions)).vispos.additive.table
     before = table.detach().clone()
+    table._is_hf_initialized = True
     for module in model.modules():
         module.__dict__.pop("_is_hf_initialized", None)
     model.initialize_weights()
@@ -203,3 +205,27 @@ def test_a_patched_forward_keeps_the_signature_of_the_forward_it_replaces(build)
     before = inspect.signature(model.forward)
     vispos.patch(model, "rope2d")
     assert inspect.signature(model.forward) == before
+
+
+@pytest.mark.parametrize("pos", [["relbias2d"], ["learned2d", "rope2d_mixed"], ["cpb2d"]])
+def test_transformers_init_initialises_vispos_weights_as_vispos_does(pos) -> None:
+    """A meta-device build, patched, ``to_empty`` and ``initialize_weights`` (what transformers does before a load):
+    every positional weight is initialised as its scheme initialises it (a fresh build under the same seed), none left
+    as the memory ``to_empty`` gave."""
+    with torch.device("meta"):
+        model = tf.DINOv3ViTModel(tf.DINOv3ViTConfig(num_register_tokens=4, **SIZE))
+    vispos.patch(model, pos, inherit=False)
+    model.to_empty(device="cpu")
+    for module in model.modules():
+        module.__dict__.pop("_is_hf_initialized", None)
+    torch.manual_seed(3)
+    model.initialize_weights()
+    torch.manual_seed(3)
+    fresh = vispos.patch(tf.DINOv3ViTModel(tf.DINOv3ViTConfig(num_register_tokens=4, **SIZE)), pos, inherit=False)
+    fresh_state = fresh.vispos.state_dict()
+    for name, tensor in model.vispos.state_dict().items():
+        if tensor.is_floating_point():
+            assert torch.isfinite(tensor).all(), name
+            assert tensor.shape == fresh_state[name].shape
+    for name, tensor in [*model.vispos.named_buffers()]:
+        torch.testing.assert_close(tensor, dict(fresh.vispos.named_buffers())[name], rtol=0, atol=0)

@@ -45,6 +45,7 @@ from .tower_modules import (
     PatchedWindowedTower,
     PositionsHost,
     TowerTable,
+    init_positions,
     require_context,
 )
 
@@ -88,8 +89,8 @@ class PatchedHost(PositionsHost):
     def _init_weights(self, module: nn.Module) -> None:
         """transformers' init of one module (``initialize_weights``, a load with missing weights, a meta-device
         build): the family's own, with a stand-in (empty) for the table the positions hold now, which the family's
-        init writes to; vispos's modules keep their own init."""
-        if isinstance(module, Positions) or any(module is m for m in self.vispos.modules()):
+        init writes to; vispos's modules are initialised as vispos initialises them (``init_positions``)."""
+        if init_positions(self, module):
             return
         stand_in = _table_stand_in(module) if isinstance(module, PatchedEmbeddings) else None
         try:

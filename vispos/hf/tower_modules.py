@@ -9,10 +9,22 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch import nn
 
 from ..attention import query_mask, sdpa
 from ..host import PositionsHost
 from ..positions import PositionContext
+from ..registry import reset_scheme
+
+
+def init_positions(host: nn.Module, module: nn.Module) -> bool:
+    """transformers' init (``_init_weights``) of one ``module`` of a patched ``host``: a module of its positions is
+    vispos's to initialise (each scheme module as it was built, ``reset_scheme``; the modules inside it with it), and
+    True is returned; False for any other module, which the family initialises."""
+    if not any(module is m for m in host.vispos.modules()):
+        return False
+    reset_scheme(module)
+    return True
 
 
 def require_context(ctx: object) -> PositionContext:
@@ -51,6 +63,10 @@ def packed_layout(image_sizes: Any, patch_size: int, device: torch.device) -> tu
 
 class PatchedTower(PositionsHost):
     """Mixin placed before Pixtral's tower class: transformers' forward with the positions of ``self.vispos``."""
+
+    def _init_weights(self, module: nn.Module) -> None:
+        if not init_positions(self, module):
+            super()._init_weights(module)  # type: ignore[misc]
 
     def vispos_context(self, pixel_values: torch.Tensor, image_sizes: Any = None) -> PositionContext:
         """The positions of the packed row the forward makes of ``pixel_values`` [B, C, H, W] and ``image_sizes``
@@ -100,6 +116,10 @@ def merged_layout(grid_thw: torch.Tensor, merge: int) -> tuple[torch.Tensor, ...
 class PatchedMergedTower(PositionsHost):
     """Mixin placed before Qwen2-VL's and Qwen3-VL's vision tower classes: transformers' forward with the positions
     of ``self.vispos`` (``towers.py``)."""
+
+    def _init_weights(self, module: nn.Module) -> None:
+        if not init_positions(self, module):
+            super()._init_weights(module)  # type: ignore[misc]
 
     def vispos_context(self, grid_thw: torch.Tensor) -> PositionContext:  # type: ignore[override]
         """The positions of the sequence the tower takes for ``grid_thw`` [N, 3] (frames, rows, columns each)."""
