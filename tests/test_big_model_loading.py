@@ -178,3 +178,24 @@ def test_a_model_built_on_the_meta_device_is_patched_inheriting_its_table(host) 
     assert not any(t.is_meta for t in model.state_dict().values())
     x = torch.randn(1, 3, 32, 40)
     torch.testing.assert_close(out(model, x), out(ref, x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("pos", [["relbias2d"], ["learned2d", "rope2d_mixed"], ["cpb2d"]])
+def test_timms_init_weights_initialises_vispos_weights_as_vispos_does(pos) -> None:
+    """A timm ViT built on the meta device, patched, ``to_empty`` and ``init_weights`` (timm's init protocol, which
+    calls each module's ``reset_parameters``): every positional weight initialised as its scheme initialises it."""
+    with torch.device("meta"):
+        model = timm_vit()
+    vispos.patch(model, pos, inherit=False)
+    model.to_empty(device="cpu")
+    with torch.no_grad():  # what to_empty may leave: any bytes
+        for tensor in [*model.vispos.parameters(), *model.vispos.buffers()]:
+            if tensor.is_floating_point():
+                tensor.fill_(float("nan"))
+    model.init_weights()
+    fresh = vispos.patch(timm_vit(), pos, inherit=False)
+    for name, tensor in model.vispos.state_dict().items():
+        if tensor.is_floating_point():
+            assert torch.isfinite(tensor).all(), name
+    for name, tensor in model.vispos.named_buffers():
+        torch.testing.assert_close(tensor, dict(fresh.vispos.named_buffers())[name], rtol=0, atol=0)

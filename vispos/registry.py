@@ -8,6 +8,7 @@ importing ``vispos`` imports that package, so the table is full before any looku
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -188,6 +189,8 @@ def create_encoding(name: str, *, ndim: int | None = None, **options: object) ->
     module = info.builder(**options)
     module.scheme_info = info
     module.scheme_build = (name, info.ndim, dict(options))  # how it was built: ``reset_scheme`` builds it again
+    if not hasattr(module, "reset_parameters"):  # what model libraries' init protocols call (timm's init_weights)
+        module.reset_parameters = functools.partial(reset_scheme, module)
     return module
 
 
