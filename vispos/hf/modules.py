@@ -263,10 +263,11 @@ def patched(base: type, mixin: type) -> type:
         where = f"{base.__module__.replace('.', '/')}:{base.__qualname__.replace('.', '/')}"
         name = f"{_PREFIX}{mixin.__name__}:{where}]"
         namespace: dict[str, Any] = {"__module__": __name__, "__qualname__": name}
-        if hasattr(base, "is_custom_code"):  # a PreTrainedModel: transformers' own, as its base is
-            namespace |= {"is_custom_code": classmethod(_base_is_custom_code), "__init__": _not_built,
-                          "from_pretrained": classmethod(_not_built),
+        if hasattr(base, "from_pretrained"):  # a PreTrainedModel: transformers' own, as its base is
+            namespace |= {"__init__": _not_built, "from_pretrained": classmethod(_not_built),
                           "forward": _same_signature(mixin, base)}  # fmt: skip
+            if hasattr(base, "is_custom_code"):
+                namespace["is_custom_code"] = classmethod(_base_is_custom_code)
         cls = type(base.__name__, (mixin, base), namespace)
         _CLASSES[(base, mixin)] = cls
     return cls
