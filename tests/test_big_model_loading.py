@@ -199,3 +199,21 @@ def test_timms_init_weights_initialises_vispos_weights_as_vispos_does(pos) -> No
             assert torch.isfinite(tensor).all(), name
     for name, tensor in model.vispos.named_buffers():
         torch.testing.assert_close(tensor, dict(fresh.vispos.named_buffers())[name], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("pos", vispos.list_encodings(2))
+def test_every_scheme_loads_with_blocks_on_cpu_and_disk(pos, tmp_path) -> None:
+    """Each 2D scheme on a timm ViT built on the meta device, loaded by accelerate with its positions in memory and
+    a block offloaded to disk: the in-memory model's outputs."""
+    torch.manual_seed(0)
+    ref = vispos.patch(timm_vit(), pos, inherit=False).eval()
+    with torch.no_grad():
+        for p in ref.vispos.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    with init_empty_weights():
+        model = timm_vit()
+    vispos.patch(model, pos, inherit=False)
+    model = load_checkpoint_and_dispatch(model, saved(ref, tmp_path), device_map=cpu_and_disk(model, "timm"),
+                                         offload_folder=str(tmp_path / "offload"))  # fmt: skip
+    x = torch.randn(1, 3, 32, 40)
+    torch.testing.assert_close(out(model, x), out(ref, x), rtol=0, atol=0)
