@@ -1,10 +1,10 @@
 """``from_pretrained``: a patched transformers model saved with ``save_pretrained``, rebuilt as it was built.
 
 The class named by its config is built with the constructor options it was saved with (read from the
-checkpoint's keys unless passed: ``families.CONSTRUCTOR_OPTIONS``), patched as ``config.vispos`` records, and
-loaded: strictly when the checkpoint holds exactly the model's weights, else as transformers' ``from_pretrained``
-loads it (what it lacks newly initialised, what the model has no place for dropped, both said), except the
-positional weights, which must all be there.
+checkpoint's keys unless passed: ``families.CONSTRUCTOR_OPTIONS``) by transformers' own ``from_pretrained``,
+patched as ``config.vispos`` records as soon as it is built (``_patching``), and loaded by transformers' loader
+(its keywords, key conversions and shards): what the checkpoint lacks newly initialised, what the model has no
+place for dropped, both said, except the positional weights, which must all be there.
 """
 
 from __future__ import annotations
