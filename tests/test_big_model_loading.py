@@ -28,7 +28,8 @@ from safetensors.torch import save_file  # noqa: E402
 
 
 def timm_vit() -> torch.nn.Module:
-    return timm.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=2, num_classes=0)
+    return timm.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=2, embed_dim=64, num_heads=4,
+                             mlp_ratio=2.0, num_classes=0)  # fmt: skip
 
 
 def hf_vit() -> torch.nn.Module:
