@@ -5,11 +5,13 @@ PY := $(VENV)/bin/python
 FMNIST := /usr/share/datasets/fashion-mnist
 
 # The oldest timm vispos declares (pyproject.toml), tested by `make test-min`; the oldest transformers the
-# transformers adapter declares (the hf extra), tested by `make test-hf-min`.
+# transformers adapter declares (the hf extra), tested by `make test-hf-min`; the oldest diffusers the diffusers
+# adapter declares (the diffusers extra), tested by `make test-diffusers-min`.
 TIMM_MIN := $(shell sed -n 's/^ *"timm>=\([0-9.]*\)".*/\1/p' pyproject.toml)
 TRANSFORMERS_MIN := $(shell sed -n 's/^hf = \["transformers>=\([0-9.]*\)".*/\1/p' pyproject.toml)
+DIFFUSERS_MIN := $(shell sed -n 's/^diffusers = \["diffusers>=\([0-9.]*\)".*/\1/p' pyproject.toml)
 
-.PHONY: timm-tests test test-min test-hf-min wheel-check demo lint describe fmnist clean
+.PHONY: timm-tests test test-min test-hf-min test-diffusers-min wheel-check demo lint describe fmnist clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +52,14 @@ test-hf-min: $(VENV)/.installed
 	$(VENV)-hf-min/bin/python -c "import transformers as t; assert t.__version__.startswith('$(TRANSFORMERS_MIN).'), t.__version__"
 	$(VENV)-hf-min/bin/python -m pytest -q -n auto -p no:cacheprovider tests/test_hf_*.py
 
+# The diffusers floor: the adapter's tests in a virtual environment layered on $(VENV) with
+# diffusers==$(DIFFUSERS_MIN) of its own.
+test-diffusers-min: $(VENV)/.installed
+	.ci/layered-venv $(VENV)-diffusers-min $(PY)
+	$(VENV)-diffusers-min/bin/python -m pip install --quiet "diffusers==$(DIFFUSERS_MIN)"
+	$(VENV)-diffusers-min/bin/python -c "import diffusers as d; assert d.__version__.startswith('$(DIFFUSERS_MIN).'), d.__version__"
+	$(VENV)-diffusers-min/bin/python -m pytest -q -n auto -p no:cacheprovider tests/test_diffusers_*.py
+
 # The wheel holds vispos only, and README's quick start runs from it in a clean environment (torch reused).
 wheel-check: $(VENV)/.installed
 	rm -rf dist && mkdir dist
@@ -70,7 +80,7 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/lint-imports
 
 clean:
-	rm -rf $(VENV) $(VENV)-min $(VENV)-wheel dist runs .pytest_cache
+	rm -rf $(VENV) $(VENV)-min $(VENV)-hf-min $(VENV)-diffusers-min $(VENV)-wheel dist runs .pytest_cache
 
 # timm's own model tests (tests/test_models.py of a pytorch-image-models checkout at TIMM_SRC, unmodified) on
 # patched Swin, Swin V2, BEiT, relpos ViT, ViT and Eva models: benchmarks/timm_suite/plugin.py.

@@ -1,6 +1,8 @@
-"""vispos: positional encodings for Vision Transformers (and token sequences), on timm and transformers ViTs.
+"""vispos: positional encodings for Vision Transformers (and token sequences), on timm and transformers ViTs and
+diffusers' diffusion transformers.
 
-Layout (one idea per module; only ``vispos.timm`` imports timm, only ``vispos.hf`` transformers):
+Layout (one idea per module; only ``vispos.timm`` imports timm, only ``vispos.hf`` transformers, only
+``vispos.diffusers`` diffusers):
 
 - ``registry``: scheme name -> builder with its properties as data; ``encodings/``: the catalogue,
   one file per family, each scheme registered beside its class.
@@ -10,8 +12,9 @@ Layout (one idea per module; only ``vispos.timm`` imports timm, only ``vispos.hf
   switch, for any module tree; ``drope``: the DroPE schedule.
 - ``api``: ``patch`` for any host; ``host``: what the adapters share (scheme planning, building
   ``Positions``); ``timm``: ``patch`` / ``create_model`` and the patched attention on timm models; ``hf``:
-  the same on transformers vision models (imported when one is patched); ``diagnostics``: logit maps and
-  the relative / cross-term measures.
+  the same on transformers vision models (imported when one is patched); ``diffusers``: diffusion transformers'
+  own positions kept and scaled (per-axis RoPE scaling, DyPE, sin-cos interpolation; imported when one is
+  patched); ``diagnostics``: logit maps and the relative / cross-term measures.
 """
 
 from __future__ import annotations

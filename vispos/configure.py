@@ -10,6 +10,7 @@ plain ``nn.Module`` made of ``vispos.layers.Attention`` layers alike.
 from __future__ import annotations
 
 import difflib
+import inspect
 import math
 from dataclasses import fields
 from typing import Any
@@ -53,7 +54,9 @@ def configure(
     ``RopeScaling`` fields such as ``factor=`` as keywords, a dict or a ``RopeScaling``; None switches
     it off. 2D RoPE stretches each axis by its own factor, current / training size (at least 1),
     unless ``factor=`` is given; 1D RoPE needs ``original_length=`` (the training length) for methods
-    that derive the factor from the length. ``log_n_attention`` (2D): True multiplies every logit by
+    that derive the factor from the length. A diffusers transformer (``vispos.diffusers``) takes ``linear``,
+    ``ntk`` and ``yarn`` per image axis, and ``schedule="dype"``: the scaling's strength follows the denoising
+    timestep its forward receives (DyPE; docs/diffusers.md). ``log_n_attention`` (2D): True multiplies every logit by
     max(1, ln N / ln N_train) for N = H x W patches of the image's grid (of a token subset's full image
     too: patch dropout and MAE keep the scale of their image); works with any scheme.
 
@@ -70,7 +73,7 @@ def configure(
     positions = [m for m in module.modules() if isinstance(m, Positions)]
     if not positions and not any(hasattr(m, "scheme_info") for m in module.modules()):
         raise ValueError("no vispos positional scheme found; patch the model with vispos.patch or use vispos.layers")
-    _refuse_unknown(scaling_options)
+    _refuse_unknown(scaling_options, module)
     grid = None if train_grid is None else check_grid(train_grid, "train_grid")
     if scaling is _KEEP and scaling_options:
         raise ValueError(f"scaling options {sorted(scaling_options)} given without scaling=")
@@ -115,10 +118,14 @@ def configure(
     return module
 
 
-def _refuse_unknown(given: dict[str, Any]) -> None:
-    """A keyword that is neither a setting of ``configure`` nor a ``RopeScaling`` field, named with the accepted
-    ones and the nearest of them."""
+def _refuse_unknown(given: dict[str, Any], module: nn.Module) -> None:
+    """A keyword that is neither a setting of ``configure``, a ``RopeScaling`` field nor a keyword of the model's
+    RoPEs' own ``set_scaling`` (the diffusers host's ``schedule``), named with the accepted ones and the nearest."""
     options = tuple(f.name for f in fields(RopeScaling) if f.name != "type")
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    own = {n: None for rope in scalable_ropes(module) for n, p in inspect.signature(rope.set_scaling).parameters.items()
+           if p.kind in named and n not in ("scaling", "train_grid", "train_size")}  # fmt: skip
+    options += tuple(n for n in own if n not in options)
     unknown = [k for k in given if k not in options]
     if unknown:
         near = {k: difflib.get_close_matches(k, SETTINGS + options, n=1) for k in unknown}

@@ -1,0 +1,153 @@
+"""The diffusers host: ``vispos.patch`` on FLUX, FLUX.2, Qwen-Image, Lumina 2, SD3, PixArt and DiT keeps each one's
+own positions (outputs equal to the unpatched transformer's on square, rectangular and odd latent grids), leaves the
+text tokens' positions as the host gives them, and refuses what it does not do by name."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+from diffusers_models import BUILDERS, ROPE, build, run
+
+import vispos
+
+diffusers = pytest.importorskip("diffusers")
+
+
+def grids(name: str) -> list[tuple[int, int]]:
+    if name == "dit":  # DiT's unpatchify takes square grids only
+        return [(4, 4), (3, 3), (5, 5)]
+    return [(4, 4), (3, 5), (5, 3)]
+
+
+def scheme(name: str) -> str:
+    return "rope2d" if name in ROPE else "sincos2d"
+
+
+@pytest.mark.parametrize("name", list(BUILDERS))
+def test_inherit_equals_the_unpatched_transformer(name: str) -> None:
+    model, inputs = build(name)
+    reference = copy.deepcopy(model)
+    assert vispos.patch(model, scheme(name)) is model
+    assert type(model).__name__ == type(reference).__name__  # save_pretrained writes the same _class_name
+    for h, w in grids(name):
+        torch.testing.assert_close(run(model, inputs(h, w)), run(reference, inputs(h, w)), rtol=0, atol=1e-6)
+
+
+def _flux_ids(h: int, w: int, axes: int) -> torch.Tensor:
+    from diffusers_models import _flux_ids
+
+    return _flux_ids(h, w, axes)
+
+
+def test_flux_text_ids_stay_unrotated_and_image_ids_match_the_host() -> None:
+    model, _ = build("flux")
+    own = copy.deepcopy(model.pos_embed)
+    vispos.patch(model, "rope2d")
+    ids = torch.cat((torch.zeros(3, 3), _flux_ids(3, 5, 3)))
+    cos, sin = model.pos_embed(ids)
+    want_cos, want_sin = own(ids)
+    assert torch.equal(cos, want_cos) and torch.equal(sin, want_sin)
+    assert torch.equal(cos[:3], torch.ones_like(cos[:3])) and torch.equal(sin[:3], torch.zeros_like(sin[:3]))
+
+
+def test_qwen_text_offset_and_centred_image_ids_match_the_host() -> None:
+    model, _ = build("qwen")
+    own = copy.deepcopy(model.pos_embed)
+    vispos.patch(model, "rope2d")
+    for shape in ([[(1, 3, 5)]], [[(1, 4, 4), (1, 2, 3)]]):  # one image; a target and a reference image
+        image, text = model.pos_embed(shape, torch.device("cpu"), max_txt_seq_len=4)
+        want_image, want_text = own(shape, torch.device("cpu"), max_txt_seq_len=4)
+        torch.testing.assert_close(image, want_image, rtol=0, atol=2e-6)
+        torch.testing.assert_close(text, want_text, rtol=0, atol=2e-6)
+
+
+def test_lumina_caption_positions_match_the_host() -> None:
+    model, inputs = build("lumina")
+    own = copy.deepcopy(model.rope_embedder)
+    vispos.patch(model, "rope2d")
+    given = inputs(3, 5)
+    out = model.rope_embedder(given["hidden_states"], given["encoder_attention_mask"])
+    want = own(given["hidden_states"], given["encoder_attention_mask"])
+    for a, b in zip(out[1:4], want[1:4], strict=True):  # caption, image and joint rotations, complex128
+        assert a.dtype == b.dtype == torch.complex128 and torch.equal(a, b)
+
+
+def test_a_pipeline_is_patched_through_its_transformer_and_runs_end_to_end() -> None:
+    model, _ = build("dit")
+    torch.manual_seed(0)
+    vae = diffusers.AutoencoderKL(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",),
+                                  up_block_types=("UpDecoderBlock2D",), block_out_channels=(8,), latent_channels=4,
+                                  norm_num_groups=4, layers_per_block=1)  # fmt: skip
+    pipe = diffusers.DiTPipeline(transformer=model, vae=vae, scheduler=diffusers.DDIMScheduler(num_train_timesteps=10))
+    pipe.set_progress_bar_config(disable=True)
+
+    def generate() -> torch.Tensor:
+        return pipe(class_labels=[1], num_inference_steps=2, guidance_scale=1.0, output_type="pt",
+                    generator=torch.Generator().manual_seed(0)).images  # fmt: skip
+
+    before = generate()
+    assert vispos.patch(pipe, "sincos2d") is pipe
+    assert pipe.transformer.vispos_cfg["pos"] == ["sincos2d"]
+    torch.testing.assert_close(generate(), before, rtol=0, atol=1e-6)
+
+
+def test_refusals_name_what_is_accepted() -> None:
+    model, _ = build("flux")
+    with pytest.raises(ValueError, match=r"rope2d.*replace them inside diffusers' attention processors"):
+        vispos.patch(model, "alibi2d")
+    with pytest.raises(ValueError, match="unknown|accepted"):
+        vispos.patch(model, "no_such_scheme")
+    with pytest.raises(ValueError, match="inherit=False"):
+        vispos.patch(model, "rope2d", inherit=False)
+    with pytest.raises(ValueError, match=r"options \['theta'\]"):
+        vispos.patch(model, "rope2d", theta=100.0)
+    sd3, _ = build("sd3")
+    with pytest.raises(ValueError, match="'sincos2d' here"):
+        vispos.patch(sd3, "rope2d")
+    vispos.patch(model, "rope2d")
+    with pytest.raises(ValueError, match="already patched"):
+        vispos.patch(model, "rope2d")
+    other = diffusers.SanaTransformer2DModel(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=8,
+                                             num_layers=1, num_cross_attention_heads=2, cross_attention_head_dim=8,
+                                             cross_attention_dim=16, caption_channels=8, sample_size=8)  # fmt: skip
+    with pytest.raises(TypeError, match=r"cannot patch diffusers SanaTransformer2DModel.*FluxTransformer2DModel.*"
+                                        r"DiTTransformer2DModel"):  # fmt: skip
+        vispos.patch(other, "rope2d")
+    layered = diffusers.QwenImageTransformer2DModel(patch_size=2, in_channels=16, out_channels=4, num_layers=1,
+        attention_head_dim=16, num_attention_heads=2, joint_attention_dim=8, axes_dims_rope=(4, 6, 6),
+        use_layer3d_rope=True)  # fmt: skip
+    with pytest.raises(TypeError, match="QwenEmbedRope; this one has QwenEmbedLayer3DRope"):
+        vispos.patch(layered, "rope2d")
+
+
+def test_the_version_floor_is_checked() -> None:
+    from vispos.diffusers import DIFFUSERS_MIN, check_version
+
+    floor = ".".join(map(str, DIFFUSERS_MIN))
+    check_version(floor + ".0")
+    check_version(diffusers.__version__)
+    with pytest.raises(ImportError, match=rf"diffusers >= {floor}.*found 0\.41\.2"):
+        check_version("0.41.2")
+    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    declared = next(line for line in pyproject.read_text().splitlines() if line.startswith("diffusers = "))
+    assert f'"diffusers>={floor}"' in declared  # the floor the extra declares is the one checked
+
+
+def test_save_pretrained_and_from_pretrained_keep_the_positions(tmp_path) -> None:
+    from vispos.diffusers import from_pretrained
+
+    model, inputs = build("flux")
+    vispos.patch(model, "rope2d")
+    vispos.configure(model, scaling="yarn", schedule="dype", log_n_attention=True, train_grid=(3, 3))
+    model.save_pretrained(tmp_path)
+    loaded = from_pretrained(tmp_path)
+    assert type(loaded) is type(model) and loaded.vispos_cfg == model.vispos_cfg
+    given = inputs(6, 5, 0.1)  # above the training grid: the scaling, its schedule and log-n are in use
+    torch.testing.assert_close(run(loaded, given), run(model, given), rtol=0, atol=0)
+    plain, _ = build("flux", seed=1)
+    plain.save_pretrained(tmp_path / "plain")  # saved without vispos: its own positions, no scaling
+    again = from_pretrained(tmp_path / "plain")
+    assert again.vispos_cfg.get("scaling") is None and torch.equal(run(again, given), run(plain, given))

@@ -1,0 +1,229 @@
+"""Scaling a diffusers transformer above its training grid with ``vispos.configure``: each scaling a no-op at the
+training grid, its maths above it against the core's formulas (RoPE), diffusers' own sin-cos function (tables),
+DyPE's formulas and defaults (the timestep schedule), and no recompiles across timesteps and sizes."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+from diffusers_models import ROPE, _flux_ids, build, run
+
+import vispos
+from vispos.encodings.dype import TimestepSchedule, axis_inv_freq
+from vispos.encodings.rope_scaling import RopeScaling, scaled_inv_freq
+
+diffusers = pytest.importorskip("diffusers")
+
+STATIC = [{"scaling": "linear"}, {"scaling": "ntk"}, {"scaling": "yarn"}, {"scaling": "yarn", "schedule": "dype"},
+          {"scaling": "ntk", "schedule": "dype"}, {"log_n_attention": True}]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ROPE)
+def test_every_rope_scaling_is_a_no_op_at_the_training_grid(name: str) -> None:
+    model, inputs = build(name)
+    reference = copy.deepcopy(model)
+    vispos.patch(model, "rope2d")
+    grids = ((3, 5), (2, 5))  # at the training grid and below it
+    want = [run(reference, inputs(h, w)) for h, w in grids]
+    for setting in STATIC:
+        vispos.configure(model, train_grid=(3, 5), **{"scaling": None, "log_n_attention": False, **setting})
+        for (h, w), expected in zip(grids, want, strict=True):
+            torch.testing.assert_close(run(model, inputs(h, w)), expected, rtol=0, atol=1e-6, msg=str(setting))
+
+
+@pytest.mark.parametrize("kind", ["linear", "ntk", "yarn"])
+def test_flux_per_axis_scaling_follows_the_core_formulas(kind: str) -> None:
+    model, _ = build("flux")
+    vispos.patch(model, "rope2d")
+    vispos.configure(model, scaling=kind, train_grid=(3, 4))
+    ids = torch.cat((torch.zeros(2, 3), _flux_ids(6, 4, 3)))  # y: twice the training size, x: as trained
+    cos, sin = model.pos_embed(ids)
+    freqs, factors = [], []
+    for dim, setting in ((4, None), (6, RopeScaling(kind, factor=2.0, original_length=3)), (6, None)):
+        inv, factor = scaled_inv_freq(dim, 10000.0, setting, 6)
+        freqs.append(inv)
+        factors.append(torch.full((dim // 2,), factor))
+    angles = ids[:, :, None] * torch.stack([torch.cat((f, torch.zeros(3 - len(f)))) for f in freqs])
+    angles = torch.cat([angles[:, a, : len(f)] for a, f in enumerate(freqs)], dim=-1)
+    scale = torch.cat(factors)
+    torch.testing.assert_close(cos, (angles.cos() * scale).repeat_interleave(2, -1), rtol=0, atol=2e-6)
+    torch.testing.assert_close(sin, (angles.sin() * scale).repeat_interleave(2, -1), rtol=0, atol=2e-6)
+    assert torch.equal(sin[:2], torch.zeros_like(sin[:2]))  # text tokens: no rotation (a yarn factor on cos only)
+
+
+@pytest.mark.parametrize("kind", ["linear", "ntk", "yarn"])
+def test_axis_inv_freq_is_the_core_scaling_for_a_tensor_factor(kind: str) -> None:
+    for s in (1.0, 1.5, 2.0, 4.0):
+        inv, factor = axis_inv_freq(56, 10000.0, RopeScaling(kind, original_length=64), torch.tensor(s))
+        want, want_factor = scaled_inv_freq(56, 10000.0, RopeScaling(kind, factor=s, original_length=64), 0)
+        torch.testing.assert_close(inv.float(), want, rtol=1e-6, atol=0)
+        assert factor.item() == pytest.approx(want_factor, rel=1e-12)
+
+
+def test_log_n_attention_scales_every_logit_by_the_token_ratio() -> None:
+    model, _ = build("flux")
+    vispos.patch(model, "rope2d")
+    vispos.configure(model, log_n_attention=True, train_grid=(3, 4))
+    ids = torch.cat((torch.zeros(2, 3), _flux_ids(6, 8, 3)))
+    cos, sin = model.pos_embed(ids)
+    ratio = math.log(48) / math.log(12)  # q and k each carry its square root
+    torch.testing.assert_close(cos**2 + sin**2, torch.full_like(cos, ratio), rtol=1e-6, atol=0)
+
+
+def _dype_yarn(dim: int, theta: float, length: float, s: float, sigma: float) -> tuple[torch.Tensor, float]:
+    """DyPE's YaRN as the paper and its authors' code define it, written out in float64 (the reference)."""
+    k = sigma**2  # kappa(t) = t ** lambda_t, lambda_t = 2
+    j = torch.arange(dim // 2, dtype=torch.float64)
+    base = theta ** (-2 * j / dim)
+    linear, ntk = base / s, (theta * s ** (dim / (dim - 2))) ** (-2 * j / dim)
+
+    def edge(rotations: float) -> float:  # the pair index turning `rotations` times over the training length
+        return dim * math.log(length / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    def faster(fast: float, slow: float) -> torch.Tensor:
+        low, high = max(math.floor(edge(fast)), 0), min(math.ceil(edge(slow)), dim // 2)
+        return 1 - ((j - low) / (high - low)).clamp(0, 1)
+
+    blend = linear * (1 - faster(1.25 * k, 0.75 * k)) + ntk * faster(1.25 * k, 0.75 * k)
+    keep = faster(16 * k, 2 * k)
+    return blend * (1 - keep) + base * keep, 0.1 * math.log(s) + 1
+
+
+def test_dype_yarn_follows_the_papers_formulas_and_defaults() -> None:
+    schedule = TimestepSchedule()
+    assert (schedule.exponent, schedule.ntk_scale, schedule.beta, schedule.gamma) == (2.0, 2.0, (1.25, 0.75),
+                                                                                      (16.0, 2.0))  # fmt: skip
+    yarn = RopeScaling("yarn", original_length=64)
+    for s in (2.0, 3.0):
+        for sigma in (1.0, 0.8, 0.5, 0.25):
+            inv, factor = axis_inv_freq(56, 1e4, yarn, torch.tensor(s), schedule=schedule, sigma=torch.tensor(sigma))
+            want, want_factor = _dype_yarn(56, 1e4, 64.0, s, sigma)
+            torch.testing.assert_close(inv, want, rtol=1e-12, atol=0)
+            assert factor.item() == pytest.approx(want_factor, rel=1e-12)
+
+
+def test_the_schedules_ends() -> None:
+    schedule, s, d = TimestepSchedule(), torch.tensor(2.0), 56
+    base = 1e4 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    for kind in ("ntk", "yarn"):
+        scaling = RopeScaling(kind, original_length=64)
+        clean, factor = axis_inv_freq(d, 1e4, scaling, s, schedule=schedule, sigma=torch.tensor(0.0))
+        torch.testing.assert_close(clean, base, rtol=1e-12, atol=0)  # the last steps: the model's own frequencies
+        assert factor.item() == pytest.approx(1.0 if kind == "ntk" else 0.1 * math.log(2) + 1)
+        for sigma in (0.0, 0.5, 1.0):  # at the training size, every step is the model's own RoPE
+            same, one = axis_inv_freq(d, 1e4, scaling, torch.tensor(1.0), schedule=schedule, sigma=torch.tensor(sigma))
+            torch.testing.assert_close(same, base, rtol=1e-12, atol=0)
+            assert one.item() == 1.0
+    noisy, _ = axis_inv_freq(d, 1e4, RopeScaling("ntk", original_length=64), s, schedule=schedule,
+                             sigma=torch.tensor(1.0))  # fmt: skip
+    torch.testing.assert_close(noisy, (1e4 * 2.0 ** (2 * d / (d - 2))) ** (-torch.arange(0, d, 2).double() / d))
+
+
+@pytest.mark.parametrize(("name", "level"), [("flux", lambda t: t), ("qwen", lambda t: t),
+                                             ("lumina", lambda t: 1 - t)])  # fmt: skip
+def test_the_schedule_reads_the_noise_level_of_the_forwards_timestep(name: str, level) -> None:
+    model, inputs = build(name)
+    vispos.patch(model, "rope2d")
+    vispos.configure(model, scaling="yarn", schedule="dype", train_grid=(2, 2))
+    seen = []
+    module = model.pos_embed if name != "lumina" else model.rope_embedder
+    module.register_forward_hook(lambda *_: seen.append(model.vispos.rotation.sigma.item()))
+    run(model, inputs(3, 3, 0.25))
+    assert seen and all(v == pytest.approx(level(0.25)) for v in seen)
+    assert model.vispos.rotation.sigma is None  # cleared after the forward
+
+
+def test_no_recompiles_across_timesteps_and_sizes() -> None:
+    from torch._dynamo.testing import CompileCounter
+
+    model, _ = build("flux")
+    vispos.patch(model, "rope2d")
+    vispos.configure(model, scaling="yarn", schedule="dype", log_n_attention=True, train_grid=(3, 3))
+    rope = model.vispos.rotation
+
+    def rotation(ids: torch.Tensor, sigma: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        rope.sigma = sigma
+        return model.pos_embed(ids)
+
+    counter = CompileCounter()
+    compiled = torch.compile(rotation, backend=counter, dynamic=True)
+    torch._dynamo.reset()
+    for h, w, t in ((4, 4, 0.9), (4, 4, 0.5), (6, 4, 0.3), (5, 7, 0.1), (8, 8, 1.0)):
+        ids = torch.cat((torch.zeros(3, 3), _flux_ids(h, w, 3)))
+        sigma = torch.tensor(t, dtype=torch.float64)
+        got = compiled(ids, sigma)
+        rope.sigma = sigma
+        want = model.pos_embed(ids)
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    rope.sigma = None
+    assert counter.frame_count == 1  # one graph: no break, no recompile
+
+
+def test_sd3_position_interpolation_against_diffusers_sincos() -> None:
+    from diffusers.models.embeddings import get_1d_sincos_pos_embed_from_grid
+
+    model, inputs = build("sd3")  # a 12 x 12 table (pos_embed_max_size), trained at 4 x 4 (sample_size 8, patch 2)
+    reference = copy.deepcopy(model)
+    vispos.patch(model, "sincos2d")
+    vispos.configure(model, scaling="linear")
+    torch.testing.assert_close(run(model, inputs(4, 4)), run(reference, inputs(4, 4)), rtol=0, atol=1e-6)
+    table = model.pos_embed.__dict__["_vispos_table"]((8, 14), None)  # beyond the table's 12 columns
+    y = (4 + torch.arange(8) / 2.0) / 3.0  # (top0 + r / s) / (M / base): top0 = (12 - 4) // 2, s = 8 / 4
+    x = (4 + torch.arange(14) / 3.5) / 3.0
+    yy, xx = torch.meshgrid(y, x, indexing="ij")
+    dim = table.shape[-1]
+    want = torch.cat((get_1d_sincos_pos_embed_from_grid(dim // 2, xx.reshape(-1)),
+                      get_1d_sincos_pos_embed_from_grid(dim // 2, yy.reshape(-1))), dim=1).float()  # fmt: skip
+    torch.testing.assert_close(table, want, rtol=0, atol=1e-6)
+    assert run(model, inputs(7, 14)).isfinite().all()
+    vispos.configure(model, scaling=None)
+    with pytest.raises(ValueError, match="pos_embed_max_size"):
+        run(model, inputs(7, 14))
+
+
+def test_pixart_tables_already_interpolate() -> None:
+    model, inputs = build("pixart")
+    reference = copy.deepcopy(model)
+    vispos.patch(model, "sincos2d")
+    vispos.configure(model, scaling="linear")
+    torch.testing.assert_close(run(model, inputs(8, 6)), run(reference, inputs(8, 6)), rtol=0, atol=1e-6)
+
+
+def test_configure_refusals() -> None:
+    model, _ = build("flux")
+    vispos.patch(model, "rope2d")
+    with pytest.raises(ValueError, match="'dynamic_ntk' scaling: a diffusers transformer takes linear, ntk, yarn"):
+        vispos.configure(model, scaling="dynamic_ntk")
+    with pytest.raises(ValueError, match="schedule='dype' schedules ntk or yarn"):
+        vispos.configure(model, scaling="linear", schedule="dype")
+    sd3, _ = build("sd3")
+    vispos.patch(sd3, "sincos2d")
+    with pytest.raises(ValueError, match="'yarn' scaling is a RoPE scaling"):
+        vispos.configure(sd3, scaling="yarn")
+    with pytest.raises(ValueError, match="log_n_attention on a sin-cos diffusion transformer"):
+        vispos.configure(sd3, log_n_attention=True)
+    assert sd3.vispos.log_n_tokens is None
+
+
+def test_flux_dype_per_axis_at_the_forwards_noise_level() -> None:
+    """The schedule through the host: each image axis of FLUX's rotation takes DyPE's YaRN at its own factor and the
+    noise level of the forward's timestep (the factor 0.1 ln s + 1 on its own section), the first axis its own RoPE."""
+    model = diffusers.FluxTransformer2DModel(patch_size=1, in_channels=4, num_layers=1, num_single_layers=0,
+        attention_head_dim=64, num_attention_heads=1, joint_attention_dim=8, pooled_projection_dim=8,
+        axes_dims_rope=(8, 28, 28))  # fmt: skip
+    vispos.patch(model, "rope2d")
+    vispos.configure(model, scaling="yarn", schedule="dype", train_grid=(16, 16))
+    ids = _flux_ids(32, 24, 3)  # s = 2 on y, 1.5 on x
+    model.vispos.rotation.sigma = torch.tensor(0.6, dtype=torch.float64)
+    cos, sin = model.pos_embed(ids)
+    model.vispos.rotation.sigma = None
+    base = 1e4 ** (-torch.arange(0, 8, 2, dtype=torch.float64) / 8)
+    y, m_y = _dype_yarn(28, 1e4, 16.0, 2.0, 0.6)
+    x, m_x = _dype_yarn(28, 1e4, 16.0, 1.5, 0.6)
+    angles = torch.cat((ids[:, :1].double() * base, ids[:, 1:2].double() * y, ids[:, 2:].double() * x), dim=-1)
+    scale = torch.cat((torch.ones(4), torch.full((14,), m_y), torch.full((14,), m_x))).double()
+    torch.testing.assert_close(cos, (angles.cos() * scale).repeat_interleave(2, -1).float(), rtol=0, atol=1e-6)
+    torch.testing.assert_close(sin, (angles.sin() * scale).repeat_interleave(2, -1).float(), rtol=0, atol=1e-6)

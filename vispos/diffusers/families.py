@@ -1,0 +1,89 @@
+"""The diffusers transformers vispos patches, as data: where each keeps its positions, what they are, the training
+grid its scalings are relative to by default, and how its forward's ``timestep`` reads as a noise level.
+
+| class | positions (module) | training grid | noise level |
+| --- | --- | --- | --- |
+| ``FluxTransformer2DModel`` | RoPE over ids (t, h, w) (``pos_embed``) | 64 x 64 (1024 px) | timestep |
+| ``Flux2Transformer2DModel`` | RoPE over ids (t, h, w, l) (``pos_embed``) | 64 x 64 (1024 px) | timestep |
+| ``QwenImageTransformer2DModel`` | RoPE over centred ids (``pos_embed``, complex) | 83 x 83 (1328 px) | timestep |
+| ``Lumina2Transformer2DModel`` | RoPE over (caption, h, w) ids (``rope_embedder``) | 64 x 64 (1024 px) | 1 - timestep |
+| ``SD3Transformer2DModel`` | sin-cos table, centre crop of ``pos_embed_max_size`` | the config's | timestep / 1000 |
+| ``PixArtTransformer2DModel`` | sin-cos table over ``base_size`` (``pos_embed``) | the config's | timestep / 1000 |
+| ``DiTTransformer2DModel`` | sin-cos table over ``base_size`` (``pos_embed``) | the config's | timestep / 1000 |
+
+The RoPE families' training grids are the latent token grids of their released checkpoints' training resolution
+(the DyPE authors' code uses 64 for FLUX and 83 for Qwen-Image); the sin-cos families' are their config's
+``sample_size // patch_size``. ``vispos.configure(train_grid=...)`` gives another.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+
+@dataclass(frozen=True)
+class Family:
+    """One transformer class: ``kind`` "rope" or "sincos"; ``module``: the attribute holding its positions;
+    ``spatial``: the id axes that are (y, x) (RoPE); ``train_grid``: the default training grid (None: the
+    config's ``sample_size // patch_size``); ``noise``: how its timestep reads as a noise level (``noise_level``)."""
+
+    name: str
+    kind: str
+    module: str
+    spatial: tuple[int, int] = (1, 2)
+    train_grid: tuple[int, int] | None = None
+    noise: str = "thousandths"
+
+
+FAMILIES: dict[str, Family] = {f.name: f for f in (
+    Family("FluxTransformer2DModel", "rope", "pos_embed", train_grid=(64, 64), noise="sigma"),
+    Family("Flux2Transformer2DModel", "rope", "pos_embed", train_grid=(64, 64), noise="sigma"),
+    Family("QwenImageTransformer2DModel", "rope", "pos_embed", train_grid=(83, 83), noise="sigma"),
+    Family("Lumina2Transformer2DModel", "rope", "rope_embedder", train_grid=(64, 64), noise="one_minus"),
+    Family("SD3Transformer2DModel", "sincos", "pos_embed"),
+    Family("PixArtTransformer2DModel", "sincos", "pos_embed"),
+    Family("DiTTransformer2DModel", "sincos", "pos_embed"),
+)}  # fmt: skip
+# the positional modules vispos reproduces, by the transformer that holds them
+ROPE_MODULES: dict[str, str] = {
+    "FluxTransformer2DModel": "FluxPosEmbed", "Flux2Transformer2DModel": "Flux2PosEmbed",
+    "QwenImageTransformer2DModel": "QwenEmbedRope", "Lumina2Transformer2DModel": "Lumina2RotaryPosEmbed",
+}  # fmt: skip
+
+
+def supported() -> str:
+    return ", ".join(FAMILIES)
+
+
+def find_transformer(model: object) -> tuple[nn.Module, Family]:
+    """The transformer to patch: ``model`` itself or a pipeline's ``transformer``; anything else is refused by name."""
+    target = model
+    if not isinstance(model, nn.Module) and isinstance(getattr(model, "transformer", None), nn.Module):
+        target = model.transformer  # a DiffusionPipeline
+    name = type(target).__name__
+    family = FAMILIES.get(name) or next((FAMILIES[c.__name__] for c in type(target).__mro__ if c.__name__ in FAMILIES),
+                                        None)  # fmt: skip
+    if family is None:
+        raise TypeError(f"vispos cannot patch diffusers {name}; supported transformers: {supported()} (alone or as a "
+                        "pipeline's transformer)")  # fmt: skip
+    module = getattr(target, family.module, None)
+    expected = ROPE_MODULES.get(family.name, "PatchEmbed")
+    if module is None or not any(c.__name__ == expected for c in type(module).__mro__):
+        found = type(module).__name__ if module is not None else "none"
+        raise TypeError(f"vispos patches {family.name} whose {family.module} is diffusers' {expected}; this one has "
+                        f"{found} (another layout of positions, e.g. Qwen-Image's use_layer3d_rope)")  # fmt: skip
+    return target, family
+
+
+def noise_level(family: Family, timestep: object) -> object:
+    """The noise level in [0, 1] (1: pure noise) of the ``timestep`` the transformer's forward receives: FLUX and
+    Qwen-Image take sigma itself, Lumina 2 takes 1 - sigma, the others a timestep in [0, 1000]. One value per
+    forward: the batch's first (classifier-free guidance batches share it)."""
+    t = timestep.reshape(-1)[0].double()  # type: ignore[attr-defined]
+    if family.noise == "sigma":
+        return t
+    if family.noise == "one_minus":
+        return 1.0 - t
+    return t / 1000.0

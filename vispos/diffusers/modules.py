@@ -1,0 +1,148 @@
+"""The patched classes of a diffusers transformer and of its positional module, made once per diffusers class (each
+keeps its class's name, so that ``save_pretrained`` writes the same ``_class_name``) and found again by pickle.
+
+- ``PatchedTransformer``: reads the noise level of the ``timestep`` its forward receives (and FLUX's image grid
+  from ``img_ids``) for the positions of that forward, then runs the host's forward unchanged.
+- ``FluxRope`` (FLUX, FLUX.2): ids [S, A] -> (cos, sin) [S, D], each pair's value on its two channels.
+- ``QwenRope``: image shapes -> complex rotations of the image tokens (ids: frame, then rows and columns centred,
+  row r of H at r - (H - H // 2)) and of the text tokens (id max(H // 2, W // 2) + j on every axis).
+- ``LuminaRope``: Lumina 2's ids [B, S, 3] (caption position, row, column) -> complex rotations (complex128).
+- ``PatchedPatchEmbed``: the sin-cos table of SD3, PixArt and DiT from ``sincos.SinCosTable``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..host import PositionsHost
+from .families import FAMILIES, noise_level
+
+_PREFIX = "_vispos["
+_CLASSES: dict[tuple[type, type], type] = {}
+
+
+class PatchedTransformer(PositionsHost):
+    """A diffusers transformer with vispos positions (``vispos``, ``vispos_cfg``); its forward is the host's."""
+
+    vispos_family: str
+    vispos_parameters: tuple[str, ...]  # the host forward's parameters after self, in order (set by ``patch``)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        rope = getattr(self.vispos, "rotation", None)
+        if rope is None:
+            return super().forward(*args, **kwargs)  # type: ignore[misc]
+        given = dict(zip(self.vispos_parameters, args, strict=False)) | kwargs
+        timestep = given.get("timestep")
+        rope.sigma = None if timestep is None else noise_level(FAMILIES[self.vispos_family], timestep)
+        img_ids = given.get("img_ids")
+        rope.extent = None if img_ids is None else rope.id_extent(img_ids)
+        try:
+            return super().forward(*args, **kwargs)  # type: ignore[misc]
+        finally:
+            rope.sigma = rope.extent = None
+
+
+class _RopeModule:
+    @property
+    def vispos_rope(self) -> Any:
+        return self.__dict__["_vispos_rope"]  # the transformer's Positions holds it (one copy in the state dict)
+
+
+class FluxRope(_RopeModule):
+    def forward(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        angles, scale = self.vispos_rope.pairs(ids)
+        cos = (angles.cos() * scale).repeat_interleave(2, dim=-1).float()
+        sin = (angles.sin() * scale).repeat_interleave(2, dim=-1).float()
+        return cos.to(ids.device), sin.to(ids.device)
+
+
+class QwenRope(_RopeModule):
+    def forward(self, video_fhw: Any, device: torch.device | None = None,
+                max_txt_seq_len: int | torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        if max_txt_seq_len is None:
+            raise ValueError("`max_txt_seq_len` must be provided.")
+        if isinstance(video_fhw, list):  # one list of shapes per batch row: the first row's, as the host reads it
+            video_fhw = video_fhw[0]
+        if not isinstance(video_fhw, list):
+            video_fhw = [video_fhw]
+        device = device if device is not None else torch.device("cpu")
+        ids, top = [], 0
+        for idx, (frame, height, width) in enumerate(video_fhw):
+            f, r, c = torch.meshgrid(*(torch.arange(n, device=device) for n in (frame, height, width)), indexing="ij")
+            if self.scale_rope:  # centred rows and columns
+                r, c = r - (height - height // 2), c - (width - width // 2)
+                top = max(top, height // 2, width // 2)
+            else:
+                top = max(top, height, width)
+            ids.append(torch.stack((f + idx, r, c), dim=-1).reshape(-1, 3))
+        image = torch.cat(ids)
+        text = (top + torch.arange(int(max_txt_seq_len), device=device))[:, None].expand(-1, 3)
+        sizes = torch.tensor([[h, w] for _, h, w in video_fhw], dtype=torch.float64, device=device).amax(0)
+        angles, scale = self.vispos_rope.pairs(torch.cat((image, text)), sizes)
+        freqs = torch.polar(scale.float().expand_as(angles), angles.float())
+        return freqs[: image.shape[0]], freqs[image.shape[0] :]
+
+
+class LuminaRope(_RopeModule):
+    def _get_freqs_cis(self, ids: torch.Tensor) -> torch.Tensor:
+        angles, scale = self.vispos_rope.pairs(ids)
+        return torch.polar(scale.expand_as(angles), angles)
+
+
+class PatchedPatchEmbed:
+    """diffusers' ``PatchEmbed.forward`` with the table from ``sincos.SinCosTable``."""
+
+    def forward(self, latent: torch.Tensor) -> torch.Tensor:
+        grid = (latent.shape[-2] // self.patch_size, latent.shape[-1] // self.patch_size)
+        latent = self.proj(latent)
+        if self.flatten:
+            latent = latent.flatten(2).transpose(1, 2)  # BCHW -> BNC
+        if self.layer_norm:
+            latent = self.norm(latent)
+        if self.pos_embed is None:
+            return latent.to(latent.dtype)
+        table = self.__dict__["_vispos_table"](grid, latent.device)
+        return (latent + table[None]).to(latent.dtype)
+
+
+ROPE_CLASSES: dict[str, type] = {
+    "FluxTransformer2DModel": FluxRope, "Flux2Transformer2DModel": FluxRope, "QwenImageTransformer2DModel": QwenRope,
+    "Lumina2Transformer2DModel": LuminaRope,
+}  # fmt: skip
+MIXINS: dict[str, type] = {c.__name__: c for c in (PatchedTransformer, FluxRope, QwenRope, LuminaRope,
+                                                   PatchedPatchEmbed)}  # fmt: skip
+
+
+def patched(base: type, mixin: type) -> type:
+    """The subclass of diffusers' ``base`` with ``mixin`` before it, named as ``base`` (one per pair)."""
+    cls = _CLASSES.get((base, mixin))
+    if cls is None:
+        where = f"{base.__module__.replace('.', '/')}:{base.__qualname__.replace('.', '/')}"
+        qualname = f"{_PREFIX}{mixin.__name__}:{where}]"
+        cls = type(base.__name__, (mixin, base), {"__module__": __name__, "__qualname__": qualname})
+        _CLASSES[(base, mixin)] = cls
+    return cls
+
+
+def __getattr__(name: str) -> type:  # module attribute lookup: how pickle finds a patched class
+    if not (name.startswith(_PREFIX) and name.endswith("]")):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    mixin, module, qualname = name[len(_PREFIX) : -1].split(":")
+    base: Any = importlib.import_module(module.replace("/", "."))
+    for part in qualname.split("/"):
+        base = getattr(base, part)
+    return patched(base, MIXINS[mixin])
+
+
+def set_rope(module: nn.Module, rope: nn.Module) -> None:
+    module.__dict__["_vispos_rope"] = rope
+
+
+def forward_parameters(cls: type) -> tuple[str, ...]:
+    """The names of ``cls.forward``'s parameters after self, in order (how positional arguments are read)."""
+    return tuple(inspect.signature(cls.forward).parameters)[1:]
