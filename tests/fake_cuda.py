@@ -33,6 +33,20 @@ HOST_CONSTANTS = {
 }
 
 
+def caller() -> traceback.FrameSummary | None:
+    """The innermost frame outside torch and this file: the code that ran the op."""
+    frames = [f for f in traceback.extract_stack() if "/torch/" not in f.filename and f.filename != __file__]
+    return frames[-1] if frames else None
+
+
+def in_vispos(frame: traceback.FrameSummary | None) -> bool:
+    return frame is not None and "/vispos/" in frame.filename
+
+
+def where(frame: traceback.FrameSummary, at: str) -> str:
+    return f"vispos/{frame.filename.split('/vispos/')[-1]}:{at}"
+
+
 class Watch(TorchDispatchMode):
     """Records ``(op, vispos file:line)`` of every op that leaves a tensor off CUDA (a computation on the host,
     a copy to it)."""
@@ -46,9 +60,8 @@ class Watch(TorchDispatchMode):
         if func.namespace == "prim" or func is torch.ops.aten.lift_fresh.default:
             return out  # FakeTensor's device queries; Python numbers made a tensor (torch.tensor), then moved
         if any(isinstance(t, torch.Tensor) and t.device.type != "cuda" for t in tree_leaves(out)):
-            where = [f for f in traceback.extract_stack() if "/vispos/" in f.filename]
-            line = f"{where[-1].filename.split('/vispos/')[-1]}:{where[-1].lineno}" if where else "outside vispos"
-            self.off_device.add((str(func), f"vispos/{line}" if where else line))
+            frame = caller()
+            self.off_device.add((str(func), where(frame, str(frame.lineno)) if in_vispos(frame) else "outside vispos"))
         return out
 
     def unexplained(self) -> set[tuple[str, str]]:
@@ -111,6 +124,13 @@ ISOLATED = {
     # peg2d on a ragged batch: each image's tokens go onto a canvas of its own grid for the convolution, the
     # number of images of each size read from the layout (once per conditional layer: PEG has one).
     "vispos/ragged_apply.py:ragged_conditional",
+    # The packed rows of Pixtral and of the Qwen-VL towers: each image's (frame's) size read from image_sizes /
+    # grid_thw to lay out its tokens, once per forward, as transformers' own forward reads them.
+    "vispos/hf/modules.py:read_sizes",
+    "vispos/hf/modules.py:merged_layout",
+    # The Qwen-VL towers' attention splits the sequence into its frames or windows at cu_seqlens in every layer,
+    # as the towers' own sdpa and eager attention do (their lengths read on the host per layer).
+    "vispos/hf/modules.py:segment_lengths",
 }
 
 
@@ -121,16 +141,32 @@ class HostReads(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.reads: set[tuple[str, str]] = set()
+        self._tolist = torch.Tensor.tolist
+
+    def __enter__(self) -> HostReads:  # Tensor.tolist reads the data without dispatching an op: watched here
+        tolist, reads = self._tolist, self.reads
+
+        def watched(tensor: torch.Tensor) -> list:
+            frame = caller()
+            if in_vispos(frame):
+                reads.add(("Tensor.tolist", where(frame, frame.name)))
+            return tolist(tensor)
+
+        torch.Tensor.tolist = watched
+        return super().__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        torch.Tensor.tolist = self._tolist
+        super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204 (torch's signature)
         kwargs = kwargs or {}
         masked = func in (aten.index.Tensor, aten.index_put.default, aten.index_put_.default) and any(
             isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1]
         )
-        if func in DATA_DEPENDENT or masked:
-            where = [f for f in traceback.extract_stack() if "/vispos/" in f.filename]
-            if where:  # the host's own code (transformers reading image sizes) is not vispos's
-                self.reads.add((str(func), f"vispos/{where[-1].filename.split('/vispos/')[-1]}:{where[-1].name}"))
+        frame = caller() if func in DATA_DEPENDENT or masked else None
+        if in_vispos(frame):  # the host's own code (transformers reading image sizes) is not vispos's
+            self.reads.add((str(func), where(frame, frame.name)))
         return func(*args, **kwargs)
 
     def unexplained(self) -> set[tuple[str, str]]:
