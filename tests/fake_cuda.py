@@ -126,11 +126,11 @@ ISOLATED = {
     "vispos/ragged_apply.py:ragged_conditional",
     # The packed rows of Pixtral and of the Qwen-VL towers: each image's (frame's) size read from image_sizes /
     # grid_thw to lay out its tokens, once per forward, as transformers' own forward reads them.
-    "vispos/hf/modules.py:read_sizes",
-    "vispos/hf/modules.py:merged_layout",
+    "vispos/hf/tower_modules.py:read_sizes",
+    "vispos/hf/tower_modules.py:merged_layout",
     # The Qwen-VL towers' attention splits the sequence into its frames or windows at cu_seqlens in every layer,
     # as the towers' own sdpa and eager attention do (their lengths read on the host per layer).
-    "vispos/hf/modules.py:segment_lengths",
+    "vispos/hf/tower_modules.py:segment_lengths",
 }
 
 

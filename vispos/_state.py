@@ -12,6 +12,12 @@ and its EMA copy stay copyable into each other after ``vispos.configure`` change
 distributed checkpoint (``torch.distributed.checkpoint``, which plans every tensor's shape) loads into a
 model of other settings or another grid. A record that would not fit is refused, naming the limit.
 
+Loaders that set a model's tensors one by one by name (accelerate's ``set_module_tensor_to_device`` in
+``load_checkpoint_in_model`` / ``load_checkpoint_and_dispatch``, transformers' loader) reach a record through
+``expose_records``: in a module's buffers ``_extra_state`` reads as its record and takes one, which the module
+loads (checked as ``load_state_dict`` checks it); it is never listed among the buffers, so that ``named_buffers``,
+``.to()``, ``to_empty`` and offloading hooks never see it, and never stored twice.
+
 Older records still load: format 1 (the JSON unpadded, any length) and vispos 0.1's dicts. A state dict
 cast wholesale to another dtype (``bfloat16``, ``float16``, an integer type) keeps its records readable,
 since those types hold the bytes 0-255 exactly.
@@ -20,7 +26,7 @@ since those types hold the bytes 0-255 exactly.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -105,6 +111,50 @@ def options_as_written(schemes: list[str], options: Mapping[str, Any], version: 
                 raise ValueError(f"this checkpoint's positions were written by vispos 0.1 (settings format "
                                  f"{version}) and cannot be read today: {why}")  # fmt: skip
     return old | dict(options)
+
+
+KEY = "_extra_state"  # torch's name for a module's extra state in a state dict
+
+
+class RecordSlot(dict):
+    """A module's ``_buffers`` in which ``_extra_state`` reads as the module's record (``get_extra_state``) and
+    setting it loads one (``set_extra_state``, then ``loaded``); the other buffers are as before. The record is
+    not among the items: the module's buffers are listed, moved and saved as without it."""
+
+    def __init__(self, buffers: Mapping[str, Any], owner: Any, loaded: Callable[[], None] | None) -> None:
+        super().__init__(buffers)
+        self.owner, self.loaded = owner, loaded
+
+    def __contains__(self, key: object) -> bool:
+        return key == KEY or super().__contains__(key)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.owner.get_extra_state() if key == KEY else super().__getitem__(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self[key] if key in self else default
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if key != KEY:
+            super().__setitem__(key, value)
+        elif isinstance(value, torch.Tensor) and not value.is_meta:  # a loader offloading it: nothing to read
+            self.owner.set_extra_state(value)
+            if self.loaded is not None:
+                self.loaded()
+
+
+def expose_records(root: Any, loaded: Callable[[], None] | None = None) -> None:
+    """Give every module under ``root`` (a ``torch.nn.Module``) that has a settings record a ``RecordSlot`` for
+    buffers; ``loaded``: called after any but ``root``'s own record is set that way (``root`` follows its own)."""
+    for module in root.modules():
+        if type(module).get_extra_state is torch.nn.Module.get_extra_state:
+            continue
+        then = None if module is root else loaded
+        buffers = module.__dict__["_buffers"]
+        if isinstance(buffers, RecordSlot):
+            buffers.loaded = then
+        else:
+            module.__dict__["_buffers"] = RecordSlot(buffers, module, then)
 
 
 def _bytes(record: object) -> bytes:

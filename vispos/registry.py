@@ -8,11 +8,13 @@ importing ``vispos`` imports that package, so the table is full before any looku
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal, TypeVar
 
+import torch
 from torch import nn
 
 Kind = Literal["additive", "rotary", "bias", "query_bias", "channels", "relative_kv", "conditional", "none"]
@@ -186,7 +188,28 @@ def create_encoding(name: str, *, ndim: int | None = None, **options: object) ->
         )
     module = info.builder(**options)
     module.scheme_info = info
+    module.scheme_build = (name, info.ndim, dict(options))  # how it was built: ``reset_scheme`` builds it again
+    if not hasattr(module, "reset_parameters"):  # what model libraries' init protocols call (timm's init_weights)
+        module.reset_parameters = functools.partial(reset_scheme, module)
     return module
+
+
+@torch.no_grad()
+def reset_scheme(module: nn.Module) -> None:
+    """Initialise a scheme module's weights as it was initialised when built (``create_encoding`` with its options;
+    its own random draws): what a model library's init protocol asks of it after a meta-device build
+    (``to_empty``). A weight marked as loaded (``_is_hf_initialized``, transformers' mark) is left as it is, as is one
+    the module took after it was built (no counterpart of its shape in a fresh build)."""
+    if getattr(module, "scheme_build", None) is None:  # built before modules kept how they were built
+        return
+    name, ndim, options = module.scheme_build
+    fresh = create_encoding(name, ndim=ndim, **options)
+    made = dict(fresh.named_parameters()) | dict(fresh.named_buffers())
+    for key, tensor in [*module.named_parameters(), *module.named_buffers()]:
+        new = made.get(key)
+        if new is None or new.shape != tensor.shape or tensor.is_meta or getattr(tensor, "_is_hf_initialized", False):
+            continue
+        tensor.copy_(new)
 
 
 def build_in_context(info: SchemeInfo, context: dict[str, object], options: dict[str, object]) -> nn.Module:

@@ -171,6 +171,15 @@ class Learned2d(nn.Module):
             grid = (side, side)
         else:
             return False
+        if pos_embed.is_meta:  # a model built on the meta device: the table arrives with its weights, so does ours
+            self.table = nn.Parameter(self.table.to("meta"), requires_grad=self.table.requires_grad)
+            if self.prefix is not None:
+                self.prefix = nn.Parameter(self.prefix.to("meta"), requires_grad=self.prefix.requires_grad)
+            return True
+        if self.table.is_meta:  # patched on the meta device, loading a plain checkpoint: the table arrives now
+            self.table = nn.Parameter(torch.empty_like(self.table, device=pos_embed.device))
+            if self.prefix is not None:
+                self.prefix = nn.Parameter(torch.empty_like(self.prefix, device=pos_embed.device))
         table = pos_embed[0, p:].reshape(*grid, self.dim)
         if grid != (h, w):
             table = resample_table_2d(table, (h, w), self.antialias, self.interpolation)
@@ -203,14 +212,19 @@ class Learned2d(nn.Module):
         return out[0, :, :, 0].T
 
     def forward(
-        self, grid: tuple[int, int], device: torch.device | None = None, *, cells: torch.Tensor | None = None
+        self, grid: tuple[int, int] | None, device: torch.device | None = None, *, cells: torch.Tensor | None = None,
+        prefix: bool = False,
     ) -> torch.Tensor:
-        """-> [H*W, dim] for the patch tokens of ``grid``, in the parameters' dtype (fp32 when sampled).
+        """-> [H*W, dim] for the patch tokens of ``grid``, in the parameters' dtype (fp32 when sampled);
+        ``prefix=True``: the prefix rows [P, dim] instead (read through the module's call, as every weight is, so
+        that hooks bringing the weights in before a call, such as accelerate's offloading, see it).
 
         ``cells`` [M, 2]: the table at these points ((y, x) in patch units, possibly fractional) of an image
         whose grid is ``grid`` -> [M, dim]: ``grid_sample`` samples the table there (``sample``); ``resize``
         interpolates the table resized to ``grid`` bicubically between its cells (its own rows at integer
         cells, clamped to its border)."""
+        if prefix:
+            return self.prefix
         h, w = check_grid(grid)
         if cells is not None:
             if self.resample == "grid_sample":

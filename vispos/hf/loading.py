@@ -1,10 +1,10 @@
 """``from_pretrained``: a patched transformers model saved with ``save_pretrained``, rebuilt as it was built.
 
 The class named by its config is built with the constructor options it was saved with (read from the
-checkpoint's keys unless passed: ``families.CONSTRUCTOR_OPTIONS``), patched as ``config.vispos`` records, and
-loaded: strictly when the checkpoint holds exactly the model's weights, else as transformers' ``from_pretrained``
-loads it (what it lacks newly initialised, what the model has no place for dropped, both said), except the
-positional weights, which must all be there.
+checkpoint's keys unless passed: ``families.CONSTRUCTOR_OPTIONS``) by transformers' own ``from_pretrained``,
+patched as ``config.vispos`` records as soon as it is built (``_patching``), and loaded by transformers' loader
+(its keywords, key conversions and shards): what the checkpoint lacks newly initialised, what the model has no
+place for dropped, both said, except the positional weights, which must all be there.
 """
 
 from __future__ import annotations
@@ -24,36 +24,66 @@ from .._validate import check_bool
 from .families import CONSTRUCTOR_OPTIONS
 from .patching import CONFIG_KEY, patch
 
+# transformers' from_pretrained keywords that are about loading, not the config or the constructor: passed to it
+LOADER_KEYWORDS = frozenset({
+    "dtype", "torch_dtype", "device_map", "max_memory", "offload_folder", "offload_buffers", "offload_state_dict",
+    "output_loading_info", "ignore_mismatched_sizes", "use_safetensors", "low_cpu_mem_usage", "weights_only",
+    "key_mapping", "variant", "subfolder", "revision", "local_files_only", "disable_mmap", "quantization_config",
+    "tp_plan", "device_mesh", "cache_dir", "token", "force_download",
+})  # fmt: skip
+
 
 def from_pretrained(path: str | Path, **kwargs: Any) -> nn.Module:
     """A patched model saved with ``save_pretrained``, rebuilt: the transformers class of its config, built as it
-    was saved, patched as recorded in ``config.vispos``, its weights loaded (equal outputs).
+    was saved, patched as recorded in ``config.vispos`` before its weights arrive, and loaded by transformers'
+    own ``from_pretrained`` (equal outputs).
 
-    ``kwargs`` are attributes of the config (e.g. ``attn_implementation="sdpa"``) or options of the class's
-    constructor, as in transformers' ``from_pretrained``. A constructor option not passed is read from the
-    checkpoint's keys: a ``ViTModel`` / ``DeiTModel`` saved without its pooler (``add_pooling_layer=False``)
-    comes back without it, one saved with a mask token (``use_mask_token=True``) with it; the other families'
-    optional parts (DINOv2's mask token, SigLIP's and SigLIP 2's pooling head) are config fields and come back
-    with the config. When the checkpoint holds exactly the model's weights they load strictly; otherwise (e.g.
-    ``add_pooling_layer=True`` passed for a checkpoint without a pooler) as transformers loads them: the weights
-    it lacks are newly initialised and those the model has no place for dropped, both named in a warning. The
-    positional weights (``vispos.``) must all be there. A folder of an unpatched model is refused: load it with
+    ``kwargs`` are transformers' loader keywords with transformers' meaning (``dtype`` including ``"auto"``,
+    ``device_map`` including ``"auto"`` and offloading to ``"cpu"`` / ``"disk"`` with ``offload_folder``,
+    ``output_loading_info``, ``ignore_mismatched_sizes``, ``use_safetensors``, ``low_cpu_mem_usage``...: the
+    checkpoint may be sharded, and its keys go through the family's checkpoint conversions), attributes of the
+    config (e.g. ``attn_implementation="sdpa"``) or options of the class's constructor. A constructor option not
+    passed is read from the checkpoint's keys: a ``ViTModel`` / ``DeiTModel`` saved without its pooler
+    (``add_pooling_layer=False``) comes back without it, one saved with a mask token (``use_mask_token=True``)
+    with it; the other families' optional parts (DINOv2's mask token, SigLIP's and SigLIP 2's pooling head) are
+    config fields and come back with the config. Weights the checkpoint lacks are newly initialised and those
+    the model has no place for dropped, both named in a warning, as transformers loads them; the positional
+    weights (``vispos.``) must all be there. A folder of an unpatched model is refused: load it with
     transformers and patch it."""
     import transformers
 
     path = Path(path)
     record = _record(path)
-    state = _weights(path)
+    loader = {k: kwargs.pop(k) for k in list(kwargs) if k in LOADER_KEYWORDS}
     attn = kwargs.pop("attn_implementation", None)
     config, unused = transformers.AutoConfig.from_pretrained(path, return_unused_kwargs=True, **kwargs)
     cls = model_class(config)
-    options = constructor_options(cls, unused, state.keys())
+    options = constructor_options(cls, unused, _keys(path))
     if attn:
         options["attn_implementation"] = attn
-    model = cls._from_config(config, **options)
-    patch(model, record["pos"], inherit=False, **record["options"])
-    model.load_state_dict(_matched(model, state, path, record["pos"]), strict=True)
-    return model.eval()
+    wanted = loader.pop("output_loading_info", False)
+    check_bool("output_loading_info", wanted)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*does not contain metadata")
+        model, info = _patching(cls, record).from_pretrained(path, config=config, output_loading_info=True,
+                                                             **options, **loader)  # fmt: skip
+    _check_loaded(model, info, path, record["pos"])
+    model.eval()
+    return (model, info) if wanted else model
+
+
+def _patching(cls: type, record: dict[str, Any]) -> type:
+    """``cls`` for transformers' loader: each instance is patched as ``record`` says once built (before its weights
+    arrive), then is of ``cls`` patched, as ``vispos.patch`` leaves a model."""
+
+    def __init__(self: nn.Module, config: Any, *args: Any, **kwargs: Any) -> None:
+        cls.__init__(self, config, *args, **kwargs)
+        self.__class__ = cls
+        with torch.device("cpu"):  # the positions' fixed buffers are computed, not loaded: built where they can be
+            patch(self, record["pos"], inherit=False, **record["options"])
+
+    return type(cls.__name__, (cls,), {"__init__": __init__, "__module__": cls.__module__,
+                                       "__qualname__": cls.__qualname__})  # fmt: skip
 
 
 def model_class(config: Any) -> type:
@@ -107,24 +137,25 @@ def _record(path: Path) -> dict[str, Any]:
     return record
 
 
-def _weights(path: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
+def _keys(path: Path) -> list[str]:
+    """The weight names of the folder's safetensors files (every shard)."""
+    from safetensors import safe_open
 
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"{path} has no .safetensors weights")
-    state: dict[str, torch.Tensor] = {}
+    keys: list[str] = []
     for file in files:
-        state |= load_file(file)
-    return state
+        with safe_open(file, "pt") as handle:
+            keys += list(handle.keys())
+    return keys
 
 
-def _matched(model: nn.Module, state: dict[str, torch.Tensor], path: Path, pos: list[str]) -> dict[str, torch.Tensor]:
-    """``state`` made to fit ``model`` for a strict load, as transformers fits a checkpoint: the weights it lacks
-    keep the model's fresh ones, those the model has no place for are dropped, both named in a warning. A
-    positional weight lacking or left over is refused: the folder does not hold the positions it records."""
-    own = model.state_dict()
-    missing, unexpected = sorted(own.keys() - state.keys()), sorted(state.keys() - own.keys())
+def _check_loaded(model: nn.Module, info: dict[str, Any], path: Path, pos: list[str]) -> None:
+    """transformers' loading report, read as vispos reads a checkpoint: a positional weight lacking or left over
+    is refused (the folder does not hold the positions it records); any other weight newly initialised or dropped
+    is named in a warning."""
+    missing, unexpected = sorted(info.get("missing_keys", ())), sorted(info.get("unexpected_keys", ()))
     lacking = [k for k in missing if ".vispos." in f".{k}"]
     extra = [k for k in unexpected if ".vispos." in f".{k}"]
     if lacking or extra:
@@ -144,4 +175,3 @@ def _matched(model: nn.Module, state: dict[str, torch.Tensor], path: Path, pos: 
             UserWarning,
             stacklevel=3,
         )
-    return {k: v for k, v in state.items() if k in own} | {k: own[k] for k in missing}

@@ -135,6 +135,8 @@ def _table_plan(
 
 def _adopted(positions: Positions, table: torch.Tensor) -> bool:
     additive = positions.additive
+    if table.is_meta:  # a model built on the meta device: adopted as meta (``adopt_pos_embed``), no values to compare
+        return bool(additive.table.is_meta)
     return bool(torch.equal(additive.table.reshape(-1), table[0, additive.num_prefix_tokens :].reshape(-1).to(
         additive.table.dtype)))  # fmt: skip
 

@@ -50,16 +50,8 @@ from torch import nn
 from .. import host as hosting
 from ..host import HostShape, OwnRope
 from ..positions import Positions
-from .modules import (
-    NoRope,
-    PatchedAttention,
-    PatchedMergedTower,
-    PatchedPackedAttention,
-    PatchedTower,
-    PatchedWindowedTower,
-    TowerTable,
-    patched,
-)
+from .modules import NoRope, PatchedAttention, patched
+from .tower_modules import PatchedMergedTower, PatchedPackedAttention, PatchedTower, PatchedWindowedTower, TowerTable
 
 QWEN_GRID = (32, 32)  # the grid RoPE scaling counts from on Qwen2-VL, which has no training grid
 

@@ -113,7 +113,6 @@ class Embedding:
 
     def add_to_prefix(self, tokens: torch.Tensor) -> torch.Tensor:
         """Prefix tokens [B, P, C] + the additive scheme's prefix rows (``prefix`` [P, C]), if it has them."""
-        embed = getattr(self.additive, "prefix", None)
-        if embed is None or not self.enabled:
+        if getattr(self.additive, "prefix", None) is None or not self.enabled:
             return tokens
-        return tokens + embed.to(tokens.dtype)
+        return tokens + self.additive(None, prefix=True).to(tokens.dtype)

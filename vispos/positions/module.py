@@ -8,6 +8,7 @@ from typing import Any
 
 from torch import nn
 
+from .._state import expose_records
 from .._validate import check_grid
 from .contexts import Contexts
 from .embedding import Embedding
@@ -69,6 +70,7 @@ class Positions(SettingsRecord, Contexts, LayerOutputs, Embedding, nn.Module):
         # the host sets it for the duration of a load
         self.strict_loading = True
         self.register_load_state_dict_post_hook(_follow_scaling_grid)  # after the scheme modules' own records
+        expose_records(self, self.follow_scaling_grid)  # for loaders that set tensors one by one by name
 
     @property
     def scaling_grid(self) -> tuple[int, int]:

@@ -113,7 +113,10 @@ class SettingsRecord:
         return encode({"settings": plain(settings), "enabled": int(self.enabled), "log_n_tokens": self.log_n_tokens})
 
     def set_extra_state(self, state: torch.Tensor | dict[str, Any]) -> None:
+        """Take a checkpoint's record: one of other positions is refused, naming what differs (``load_state_dict``
+        has checked it already; a loader that sets the record alone, ``_state.RecordSlot``, reaches here)."""
         state = _saved_state(state)
+        self._refuse_other(state["settings"])
         # the model keeps its own options as it was given them (``load_state_dict`` has checked that they are
         # the checkpoint's, ``same_positions``) and its own grid
         self.settings = {**state["settings"], "options": self.settings["options"], "train_grid": self.train_grid}
@@ -138,14 +141,7 @@ class SettingsRecord:
             saved = _saved_state(record)["settings"]
             if not same_positions(saved, self.settings):
                 if self.strict_loading:
-                    own = self.settings
-                    differing = set(differing_options(saved, own))
-                    raise ValueError(
-                        f"the checkpoint's positions are {_describe(saved, differing)}; this model's are "
-                        f"{_describe(own, differing)} (they differ in {position_differences(saved, own)})"
-                        ": patch a fresh model the way the checkpoint's was patched "
-                        "and load it, or load with strict=False to keep only the weights outside the positions"
-                    )
+                    self._refuse_other(saved)
                 skipped = [k for k in state_dict if k.startswith(prefix)]
                 for key in skipped:
                     del state_dict[key]
@@ -158,6 +154,19 @@ class SettingsRecord:
                     module.resample_state(state_dict, at, grid, self.train_grid)
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
+
+    def _refuse_other(self, saved: dict[str, Any]) -> None:
+        """A ``ValueError`` naming what differs when the checkpoint's settings ``saved`` are of other positions."""
+        own = self.settings
+        if same_positions(saved, own):
+            return
+        differing = set(differing_options(saved, own))
+        raise ValueError(
+            f"the checkpoint's positions are {_describe(saved, differing)}; this model's are "
+            f"{_describe(own, differing)} (they differ in {position_differences(saved, own)})"
+            ": patch a fresh model the way the checkpoint's was patched "
+            "and load it, or load with strict=False to keep only the weights outside the positions"
         )
 
     def _sized_modules(self, prefix: str) -> list[tuple[nn.Module, str]]:
