@@ -5,4 +5,9 @@ reported as unexplained (and fails ``make hf-suite``)."""
 from __future__ import annotations
 
 # (test name pattern, family pattern, scheme pattern) -> reason
-KNOWN: dict[tuple[str, str, str], str] = {}
+KNOWN: dict[tuple[str, str, str], str] = {
+    ("test_base_model_prefix_loads_base_weights", "*", "*"): (
+        "builds type(model)(config) of a patched model: that class refuses construction and names "
+        "vispos.hf.from_pretrained, which rebuilds a saved patched model (docs/hf.md)"
+    ),
+}
