@@ -96,9 +96,12 @@ def vispos_scheme(request: pytest.FixtureRequest):
     SCHEME.reset(token)
 
 
+def schemes() -> list[str]:
+    return os.environ.get("VISPOS_SCHEMES", f"{UNPATCHED},inherited,rope2d").split(",")
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    schemes = os.environ.get("VISPOS_SCHEMES", f"{UNPATCHED},inherited,rope2d").split(",")
-    metafunc.parametrize("vispos_scheme", schemes, indirect=True)
+    metafunc.parametrize("vispos_scheme", schemes(), indirect=True)
 
 
 def _model(item: pytest.Item) -> str | None:
@@ -119,11 +122,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    # node ids: tests/test_models.py::test_model_forward[vit_tiny_patch16_224-2-inherited]
+    # node ids: tests/test_models.py::test_model_forward[inherited-2-vit_tiny_patch16_224]
     test, _, params = report.nodeid.partition("::")[2].partition("[")
     parts = params.rstrip("]").split("-")
-    family = next((family_of(p) for p in parts if family_of(p)), None) or "other"
-    OUTCOMES.add(family, parts[-1], f"{test}[{'-'.join(parts[:-1])}]", report)
+    scheme = next((p for p in parts if p in schemes()), UNPATCHED)
+    rest = [p for p in parts if p != scheme]
+    family = next((family_of(p) for p in rest if family_of(p)), None) or "other"
+    OUTCOMES.add(family, scheme, f"{test}[{'-'.join(rest)}]", report)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:  # noqa: ARG001
