@@ -35,7 +35,7 @@ MODELS = ("swin_tiny_patch4_window7_224", "swinv2_tiny_window8_256", "beit_base_
           "eva02_tiny_patch14_224", "vit_small_patch16_rope_224", "vit_tiny_patch16_224",
           "deit_tiny_patch16_224")  # fmt: skip
 KNOWN: dict[tuple[str, str, str], str] = {
-    ("test_model_forward_torchscript*", "*", "*"): "vispos does not support torch.jit.script (docs/patching.md)",
+    ("*torchscript*", "*", "*"): "vispos does not support torch.jit.script (docs/patching.md)",
 }
 SCHEME: contextvars.ContextVar[str] = contextvars.ContextVar("vispos_scheme", default=UNPATCHED)
 OUTCOMES = Outcomes("timm's model tests on vispos-patched models", KNOWN)
