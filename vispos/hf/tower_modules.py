@@ -49,6 +49,13 @@ class TowerTable:
         return self.weight.new_zeros(*indices.shape, self.weight.shape[-1])
 
 
+def read_sizes(image_sizes: Any) -> list[tuple[int, int]]:
+    """Pixtral's ``image_sizes`` as Python numbers: the packed row's layout, read on the host once per forward
+    (transformers' forward reads them too)."""
+    rows = image_sizes.tolist() if isinstance(image_sizes, torch.Tensor) else image_sizes
+    return [(int(h), int(w)) for h, w in rows]
+
+
 def packed_layout(image_sizes: Any, patch_size: int, device: torch.device) -> tuple[torch.Tensor, ...]:
     """Pixtral's packed row: (cells [1, T, 2] (y, x) of each token in its image, sizes [1, S, 2] each image's grid,
     segments [1, T] its image), as its forward lays the tokens out."""
@@ -77,6 +84,7 @@ class PatchedTower(PositionsHost):
             raise ValueError(f"pixel_values must be an image batch [B, C, H, W], got {got}")
         if image_sizes is None:
             image_sizes = [tuple(pixel_values.shape[-2:])] * pixel_values.shape[0]
+        image_sizes = read_sizes(image_sizes)
         p = self.patch_size
         too_small = [tuple(int(v) for v in s) for s in image_sizes if int(s[0]) < p or int(s[1]) < p]
         if too_small:
@@ -92,6 +100,12 @@ class PatchedTower(PositionsHost):
         ctx = self.vispos_context(pixel_values, image_sizes)
         return super().forward(pixel_values, image_sizes, vispos_context=ctx, **kwargs)
 
+
+
+def segment_lengths(cu_seqlens: torch.Tensor) -> list[int]:
+    """The lengths of the segments (frames or windows) a Qwen-VL layer attends within, read on the host, as the
+    tower's own sdpa and eager attention read them, to split the sequence."""
+    return (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
 
 
 def merged_layout(grid_thw: torch.Tensor, merge: int) -> tuple[torch.Tensor, ...]:
@@ -189,7 +203,7 @@ class PatchedPackedAttention:
         if rotary is not None:
             q, k = rotary.rotate(q, k)
         dropout = self.attention_dropout if self.training else 0.0
-        mask, lengths = query_mask(mask, q), (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
+        mask, lengths = query_mask(mask, q), segment_lengths(cu_seqlens)
         outs, start = [], 0
         # each segment attends to itself alone, as in the tower's own attention; split (one cat in the backward),
         # not sliced (a zero-filled gradient of the whole sequence per segment)
