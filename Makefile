@@ -9,7 +9,7 @@ FMNIST := /usr/share/datasets/fashion-mnist
 TIMM_MIN := $(shell sed -n 's/^ *"timm>=\([0-9.]*\)".*/\1/p' pyproject.toml)
 TRANSFORMERS_MIN := $(shell sed -n 's/^hf = \["transformers>=\([0-9.]*\)".*/\1/p' pyproject.toml)
 
-.PHONY: timm-tests test test-min test-hf-min wheel-check demo lint describe fmnist clean
+.PHONY: timm-tests compiled-kernels test test-min test-hf-min wheel-check demo lint describe fmnist clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -71,6 +71,12 @@ lint: $(VENV)/.installed
 
 clean:
 	rm -rf $(VENV) $(VENV)-min $(VENV)-wheel dist runs .pytest_cache
+
+# The compiled path of every 2D scheme (inductor, fullgraph, dynamic shapes; inference and training, a 2-block
+# ViT-S): fails when a scheme adds more generated kernels than its budget or recompiles at a new size. The test
+# suite checks a representative pair (tests/test_compiled_kernels.py); this covers them all (slow on a CPU).
+compiled-kernels: $(VENV)/.installed
+	$(PY) -m benchmarks.compiled_work --size 64 --batch 2 --check
 
 # timm's own model tests (tests/test_models.py of a pytorch-image-models checkout at TIMM_SRC, unmodified) on
 # patched Swin, Swin V2, BEiT, relpos ViT, ViT and Eva models: benchmarks/timm_suite/plugin.py.

@@ -2,7 +2,7 @@
 from inductor's generated code (inductor on the CPU here; on CUDA the same graph lowers to Triton kernels).
 
     python -m benchmarks.compiled_work [--schemes rope2d relbias2d ...] [--depth 2] [--size 224] [--batch 8]
-                                       [--modes inference training] [--json out.json]
+                                       [--modes inference training] [--json out.json] [--check]
 
 For every 2D scheme on ``vit_small_patch16_224`` (``--depth`` blocks, random init) compiled with ``dynamic=True``,
 an inference forward (``torch.no_grad``, eval) and a training step (forward and backward of the outputs' sum),
@@ -13,8 +13,9 @@ patched minus the unpatched model:
   matrix products and SDPA; ``torch.ops.*``: ops inductor does not generate, such as ``linalg_matrix_exp``);
 - MB: inductor's own estimate of the bytes its scheduled nodes read and write (``GraphLowering.count_bytes``,
   the figure ``torch._inductor.metrics.num_bytes_accessed`` collects);
-- one graph (``fullgraph=True`` raises on a graph break) and no recompile at a second size (``dynamic=True``, the
-  model run again at ``size + 32`` under ``error_on_recompile``).
+- one graph (``fullgraph=True`` raises on a graph break) and no recompile at a third size (``dynamic=True``, the
+  model run again at ``size + 32``, then at ``size + 64`` under ``error_on_recompile``: a scheme whose table is
+  resampled away from its own grid compiles two graphs, one for its grid and one for every other).
 
 The budget (``kernel_budget``): one kernel per layer for the rotation or the mask, plus one per layer where a
 per-layer table is computed from parameters (a trainable per-layer scheme), else one per model for a shared table.
@@ -87,8 +88,9 @@ def count_code(codes: list[str]) -> tuple[int, int]:
 
 def compiled_work(model: nn.Module, size: int, batch: int, *, train: bool, resize: bool = True) -> Compiled:
     """Compile ``model`` (``fullgraph=True``, ``dynamic=True``, inductor) and run one inference forward or training
-    step on [batch, 3, size, size]; with ``resize``, run it again at ``size + 32`` (a new grid) and record whether
-    that recompiled."""
+    step on [batch, 3, size, size]; with ``resize``, run it again at ``size + 32`` and ``size + 64`` and record
+    whether the third size recompiled (the second may: a table built for the first grid is used as it is there
+    and resampled at any other, two graphs)."""
     torch.compiler.reset()
     model.train(train)
     compiled = torch.compile(model, fullgraph=True, dynamic=True)
@@ -107,8 +109,9 @@ def compiled_work(model: nn.Module, size: int, batch: int, *, train: bool, resiz
     if not resize:
         return work
     try:
+        step(size + 32)  # may compile once more: a table of the first grid's size is resampled at another one
         with torch._dynamo.config.patch(error_on_recompile=True):
-            step(size + 32)
+            step(size + 64)
     except torch._dynamo.exc.RecompileError:
         return Compiled(work.kernels, work.library, work.bytes, recompiled=True)
     finally:
@@ -178,6 +181,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--modes", nargs="+", default=["inference", "training"], choices=["inference", "training"])
     parser.add_argument("--json", help="write the records here")
+    parser.add_argument("--check", action="store_true",
+                        help="exit 1 when a scheme adds more kernels than its budget or recompiles at a third size")
     args = parser.parse_args(argv)
     schemes = args.schemes or vispos.list_encodings(ndim=2)
     records = measure(schemes, args.size, args.batch, args.modes, depth=args.depth)
@@ -186,6 +191,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.json:
         with open(args.json, "w") as f:
             f.write("[\n" + ",\n".join(f"  {json.dumps(r)}" for r in records) + "\n]\n")
+    failing = [f"{r['scheme']} ({r['mode']})" for r in records if r["holds"] is False or r["added"]["recompiled"]]
+    if args.check and failing:
+        raise SystemExit(f"over the kernel budget or recompiling: {', '.join(failing)}")
 
 
 if __name__ == "__main__":
