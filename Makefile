@@ -11,7 +11,7 @@ TIMM_MIN := $(shell sed -n 's/^ *"timm>=\([0-9.]*\)".*/\1/p' pyproject.toml)
 TRANSFORMERS_MIN := $(shell sed -n 's/^hf = \["transformers>=\([0-9.]*\)".*/\1/p' pyproject.toml)
 DIFFUSERS_MIN := $(shell sed -n 's/^diffusers = \["diffusers>=\([0-9.]*\)".*/\1/p' pyproject.toml)
 
-.PHONY: hf-suite timm-tests suites-ci test test-min test-hf-min test-diffusers-min wheel-check demo lint describe fmnist clean
+.PHONY: hf-suite timm-tests suites-ci compiled-kernels test test-min test-hf-min test-diffusers-min wheel-check demo lint describe fmnist clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -81,6 +81,12 @@ lint: $(VENV)/.installed
 
 clean:
 	rm -rf $(VENV) $(VENV)-min $(VENV)-hf-min $(VENV)-diffusers-min $(VENV)-wheel dist runs .pytest_cache
+
+# The compiled path of every 2D scheme (inductor, fullgraph, dynamic shapes; inference and training, a 2-block
+# ViT-S): fails when a scheme adds more generated kernels than its budget or recompiles at a new size. The test
+# suite checks a representative pair (tests/test_compiled_kernels.py); this covers them all (slow on a CPU).
+compiled-kernels: $(VENV)/.installed
+	$(PY) -m benchmarks.compiled_work --size 64 --batch 2 --check
 
 # The hosts' own test suites on vispos-patched models, each test unpatched, with the model's own positions
 # inherited and with a replacing scheme; the tests come from the sdist of the installed release (fetched by pip
