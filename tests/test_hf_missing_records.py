@@ -40,7 +40,7 @@ def test_transformers_materialising_missing_records_leaves_the_settings(pos) -> 
     model._move_missing_keys_from_meta_to_device(set(before), None, None, None)
     for key in before:
         parent = model.get_submodule(key.rpartition(".")[0])
-        setattr(parent, "_extra_state", torch.full_like(before[key], 0xFF))  # not UTF-8
+        parent._extra_state = torch.full_like(before[key], 255)  # not UTF-8
     after = records(model)
     for key in before:
         assert torch.equal(after[key], before[key]), key

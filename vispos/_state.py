@@ -16,7 +16,8 @@ Loaders that set a model's tensors one by one by name (accelerate's ``set_module
 ``load_checkpoint_in_model`` / ``load_checkpoint_and_dispatch``, transformers' loader) reach a record through
 ``expose_records``: in a module's buffers ``_extra_state`` reads as its record and takes one, which the module
 loads (checked as ``load_state_dict`` checks it); it is never listed among the buffers, so that ``named_buffers``,
-``.to()``, ``to_empty`` and offloading hooks never see it, and never stored twice.
+``.to()``, ``to_empty`` and offloading hooks never see it, and never stored twice. Setting the attribute
+(``setattr``), as transformers' loader does with uninitialised memory for each key a checkpoint lacks, leaves it.
 
 Older records still load: format 1 (the JSON unpadded, any length) and vispos 0.1's dicts. A state dict
 cast wholesale to another dtype (``bfloat16``, ``float16``, an integer type) keeps its records readable,
