@@ -16,7 +16,8 @@ Loaders that set a model's tensors one by one by name (accelerate's ``set_module
 ``load_checkpoint_in_model`` / ``load_checkpoint_and_dispatch``, transformers' loader) reach a record through
 ``expose_records``: in a module's buffers ``_extra_state`` reads as its record and takes one, which the module
 loads (checked as ``load_state_dict`` checks it); it is never listed among the buffers, so that ``named_buffers``,
-``.to()``, ``to_empty`` and offloading hooks never see it, and never stored twice.
+``.to()``, ``to_empty`` and offloading hooks never see it, and never stored twice. Setting the attribute
+(``setattr``), as transformers' loader does with uninitialised memory for each key a checkpoint lacks, leaves it.
 
 Older records still load: format 1 (the JSON unpadded, any length) and vispos 0.1's dicts. A state dict
 cast wholesale to another dtype (``bfloat16``, ``float16``, an integer type) keeps its records readable,
@@ -26,6 +27,7 @@ since those types hold the bytes 0-255 exactly.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -114,6 +116,13 @@ def options_as_written(schemes: list[str], options: Mapping[str, Any], version: 
 
 
 KEY = "_extra_state"  # torch's name for a module's extra state in a state dict
+# Setting the attribute ``_extra_state`` (``setattr``, which reaches the buffers through ``register_buffer``) is
+# not a load, as on any torch module (there it sets a plain attribute): transformers' loader does it to put an
+# uninitialised tensor (``torch.empty_like``) in place of each key the checkpoint lacks before initialising them,
+# and the record of a module is not a weight to initialise: the module keeps its settings. Loaders that set a
+# record read from a checkpoint do it by item (accelerate's ``module._buffers[name] = value``) or call
+# ``set_extra_state`` (transformers').
+_REGISTER_BUFFER = torch.nn.Module.register_buffer.__code__
 
 
 class RecordSlot(dict):
@@ -137,6 +146,8 @@ class RecordSlot(dict):
     def __setitem__(self, key: str, value: Any) -> None:
         if key != KEY:
             super().__setitem__(key, value)
+        elif sys._getframe(1).f_code is _REGISTER_BUFFER:  # setattr(module, "_extra_state", ...): _REGISTER_BUFFER
+            return
         elif isinstance(value, torch.Tensor) and not value.is_meta:  # a loader offloading it: nothing to read
             self.owner.set_extra_state(value)
             if self.loaded is not None:
