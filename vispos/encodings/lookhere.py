@@ -45,7 +45,6 @@ from __future__ import annotations
 from itertools import groupby
 
 import torch
-from torch import nn
 
 from .._validate import check_choice, check_float, check_grid, check_int
 from ..registry import register
