@@ -19,7 +19,6 @@ tf = pytest.importorskip("transformers")
 from accelerate import cpu_offload, disk_offload, init_empty_weights, load_checkpoint_and_dispatch  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
-
 WEIGHTED = [pos for pos in vispos.list_encodings(2) if get_info(pos, ndim=2).trainable]  # weights to offload
 
 
