@@ -11,7 +11,7 @@ TIMM_MIN := $(shell sed -n 's/^ *"timm>=\([0-9.]*\)".*/\1/p' pyproject.toml)
 TRANSFORMERS_MIN := $(shell sed -n 's/^hf = \["transformers>=\([0-9.]*\)".*/\1/p' pyproject.toml)
 DIFFUSERS_MIN := $(shell sed -n 's/^diffusers = \["diffusers>=\([0-9.]*\)".*/\1/p' pyproject.toml)
 
-.PHONY: timm-tests test test-min test-hf-min test-diffusers-min wheel-check demo lint describe fmnist clean
+.PHONY: hf-suite timm-tests suites-ci compiled-kernels test test-min test-hf-min test-diffusers-min wheel-check demo lint describe fmnist clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -82,13 +82,38 @@ lint: $(VENV)/.installed
 clean:
 	rm -rf $(VENV) $(VENV)-min $(VENV)-hf-min $(VENV)-diffusers-min $(VENV)-wheel dist runs .pytest_cache
 
-# timm's own model tests (tests/test_models.py of a pytorch-image-models checkout at TIMM_SRC, unmodified) on
-# patched Swin, Swin V2, BEiT, relpos ViT, ViT and Eva models: benchmarks/timm_suite/plugin.py.
-VISPOS_SCHEME ?= inherit
-# torchscript tests are left out: vispos does not support torch.jit.script (docs/patching.md).
-TIMM_K ?= (test_model_forward or test_model_forward_fx or test_model_forward_intermediates) and not torchscript \
-  and (swin_tiny or swinv2_tiny or beit_base_patch16_224 or vit_relpos_small or vit_tiny_patch16_224 or eva02_tiny)
-# -P and importlib imports: the checkout gives its tests only, timm itself is the one installed in $(VENV).
-timm-tests:
-	cd $(TIMM_SRC) && VISPOS_SCHEME=$(VISPOS_SCHEME) PYTHONPATH=$(CURDIR) $(abspath $(PY)) -P -m pytest -q \
-	  --import-mode=importlib -p benchmarks.timm_suite.plugin tests/test_models.py -k "$(TIMM_K)"
+# The compiled path of every 2D scheme (inductor, fullgraph, dynamic shapes; inference and training, a 2-block
+# ViT-S): fails when a scheme adds more generated kernels than its budget or recompiles at a new size. The test
+# suite checks a representative pair (tests/test_compiled_kernels.py); this covers them all (slow on a CPU).
+compiled-kernels: $(VENV)/.installed
+	$(PY) -m benchmarks.compiled_work --size 64 --batch 2 --check
+
+# The hosts' own test suites on vispos-patched models, each test unpatched, with the model's own positions
+# inherited and with a replacing scheme; the tests come from the sdist of the installed release (fetched by pip
+# into .cache/ at the first run, never into the repository: benchmarks/suite_sources.py). Each prints per family
+# and scheme passed / failed / skipped unpatched and patched, and fails on a test passing unpatched only that is
+# not listed with its reason. `make suites-ci` runs the named subset CI runs; the targets below run the whole.
+# transformers: tests/test_modeling_common.py's ModelTesterMixin on every supported family (benchmarks/hf_suite/).
+HF_SUITE_K ?=
+# the subset CI runs: ViT (a learned table), DINOv3 (RoPE) and Qwen2-VL's tower (packed frames), without the 24
+# dtype / padding variants of the eager-vs-sdpa comparison
+HF_SUITE_CI_K := (Test_vit__ or Test_dinov3__ or Test_qwen2_vl__) and not eager_matches_sdpa_inference
+hf-suite: $(VENV)/.installed
+	$(PY) -m pytest -q -p no:xdist -p no:cacheprovider -p benchmarks.hf_suite.plugin -o addopts="" \
+	  benchmarks/hf_suite/test_common.py $(if $(HF_SUITE_K),-k "$(HF_SUITE_K)")
+
+# timm: tests/test_models.py on patched ViT, DeiT, Eva, Swin, Swin V2, BEiT, relpos ViT and SAM models
+# (benchmarks/timm_suite/plugin.py; -P and importlib imports: the sdist gives its tests only, timm itself is the
+# installed one). VISPOS_SCHEMES and VISPOS_MODELS (comma-separated) narrow it.
+TIMM_K ?=
+# the subset CI runs: a ViT and an EVA-02 (RoPE), the forward and intermediates tests
+TIMM_CI_MODELS := vit_tiny_patch16_224,eva02_tiny_patch14_224
+TIMM_CI_K := (test_model_forward or test_model_forward_intermediates) and not torchscript and not fx
+timm-tests: $(VENV)/.installed
+	cd $$($(PY) -m benchmarks.suite_sources timm) && PYTHONPATH=$(CURDIR) $(abspath $(PY)) -P -m pytest -q \
+	  -p no:xdist -p no:cacheprovider --import-mode=importlib -p benchmarks.timm_suite.plugin -o addopts="" \
+	  tests/test_models.py $(if $(TIMM_K),-k "$(TIMM_K)")
+
+suites-ci: $(VENV)/.installed
+	$(MAKE) hf-suite HF_SUITE_K="$(HF_SUITE_CI_K)"
+	VISPOS_MODELS=$(TIMM_CI_MODELS) $(MAKE) timm-tests TIMM_K="$(TIMM_CI_K)"

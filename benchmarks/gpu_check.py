@@ -2,7 +2,8 @@
 subsets and ragged batches save, in one script.
 
     python -m benchmarks.gpu_check [--sizes 224 448 896] [--batch 32] [--token-batch 32] [--reps 10]
-                                   [--no-compile] [--skip-throughput] [--skip-token-subsets] [--out DIR]
+                                   [--no-compile] [--skip-throughput] [--skip-token-subsets] [--skip-real]
+                                   [--out DIR]
     python -m benchmarks.gpu_check --dry-run          # tiny, on CPU: proves the script runs
 
 Throughput: for ``vit_small_patch16_224`` under bf16 autocast and ``torch.inference_mode()``: images per
@@ -26,6 +27,10 @@ an SDPA kernel, or "none (FlexAttention)" (a score_mod on the tokens' cells and 
 FlexAttention does not run (any training step on CPU, as in the dry run), a flex row names the SDPA
 kernel it falls back to.
 
+The real-device counterparts of the fake-CUDA tests (``benchmarks.gpu_real``): a bf16 training step per 2D
+scheme and host (timm, transformers) with the SDPA kernel it reaches, and a device-map load per host
+(``--skip-real`` leaves them out).
+
 Writes ``gpu_check.json`` and ``gpu_check.md`` (one section per measurement) to ``--out``.
 """
 
@@ -42,6 +47,7 @@ import torch
 from torch import nn
 
 import vispos
+from benchmarks import gpu_real
 from benchmarks import token_subsets as subsets
 from vispos.diagnostics.kernels import sdpa_kernels
 
@@ -176,6 +182,8 @@ def sections(report: dict) -> str:
             "none (FlexAttention).",
             subsets.table("ragged", b["results"]),
         ]
+    if "training_steps" in report:
+        out += [gpu_real.markdown(report["training_steps"], report["device_map_loads"])]
     return "\n\n".join(out)
 
 
@@ -187,13 +195,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--token-batch", type=int, default=32, help="images per training step in (a) and (b)")
     p.add_argument("--no-compile", action="store_true")
     p.add_argument("--skip-throughput", action="store_true", help="only (a) and (b)")
-    p.add_argument("--skip-token-subsets", action="store_true", help="only the throughput table, no (a) and (b)")
+    p.add_argument("--skip-token-subsets", action="store_true", help="no (a) and (b)")
+    p.add_argument("--skip-real", action="store_true", help="no training steps and device-map loads")
     p.add_argument("--dry-run", action="store_true", help="tiny sizes on CPU, two blocks (one in (a) and (b)), "
                    "batch 2 in (a) and (b), no compile, one round")  # fmt: skip
     p.add_argument("--out", default="gpu_check")
     args = p.parse_args(argv)
-    if args.skip_throughput and args.skip_token_subsets:
-        p.error("--skip-throughput and --skip-token-subsets leave nothing to measure")
+    if args.skip_throughput and args.skip_token_subsets and args.skip_real:
+        p.error("--skip-throughput, --skip-token-subsets and --skip-real leave nothing to measure")
     if args.dry_run:
         device, sizes, batch, token_batch, reps, compile_model = torch.device("cpu"), [32, 64], 1, 2, 1, False
     else:
@@ -217,6 +226,9 @@ def main(argv: list[str] | None = None) -> int:
         report["patch_dropout"] = {**common, "results": parts["dropout"]}
         sizes_b = subsets.draw_sizes(token_batch, seed=2)
         report["ragged"] = {**common, "image_sizes": [list(hw) for hw in sizes_b], "results": parts["ragged"]}
+    if not args.skip_real:
+        report["training_steps"] = gpu_real.train_steps(device, token_batch, args.dry_run)
+        report["device_map_loads"] = gpu_real.device_map_loads(device, args.dry_run)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "gpu_check.json").write_text(json.dumps(report, indent=2))

@@ -29,7 +29,16 @@ import vispos
 from vispos.encodings.string import fold_string
 
 from .work_count import Work, count_work, fake_model
-from .work_floor import bias_floor, geometry, mask_writes, rotary_floor, timm_table_bytes, vispos_table_bytes
+from .work_floor import (
+    bias_floor,
+    bias_fused_floor,
+    geometry,
+    mask_writes,
+    rotary_floor,
+    rotary_fused_floor,
+    timm_table_bytes,
+    vispos_table_bytes,
+)
 from .work_targets import check_targets
 from .work_towers import own_table_bytes, tower_rows
 
@@ -88,18 +97,34 @@ def configurations(
     return configs
 
 
-def floor_bytes(config: Config, model: nn.Module, batch: int, itemsize: int, train: bool) -> int | None:
-    """The config's floor (``work_floor``) for this model, batch and q dtype size; None where none applies."""
+def floor_bytes(
+    config: Config, model: nn.Module, batch: int, itemsize: int, train: bool
+) -> tuple[int, int] | tuple[None, None]:
+    """The config's floors (``work_floor``), one pass and fused, for this model, batch and q dtype size; None where
+    none applies."""
     geo = geometry(model)
     if config.kind == "rotary":
         if config.own_table:
             table = own_table_bytes(model, batch)
         else:
             table = timm_table_bytes(model) if config.timm_rope else vispos_table_bytes(model)
-        return rotary_floor(geo, batch, itemsize, table, train=train)
+        return rotary_floor(geo, batch, itemsize, table, train=train), rotary_fused_floor(table, train=train)
     if config.kind == "bias":
-        return bias_floor(geo, itemsize, per_layer=config.per_layer, train=train)
-    return None
+        per_layer = config.per_layer
+        return (bias_floor(geo, itemsize, per_layer=per_layer, train=train),
+                bias_fused_floor(geo, itemsize, per_layer=per_layer, train=train))  # fmt: skip
+    return None, None
+
+
+CPU_FLASH = "aten._scaled_dot_product_flash_attention_for_cpu.default"
+
+
+def cpu_kernel_note(added: Work) -> str:
+    """Where the row's counts follow the CPU's SDPA choice: fewer fused CPU attention calls than the baseline
+    means SDPA took its math path (a mask with a gradient: the CPU's fused kernel does not differentiate its
+    mask), which writes the [B, heads, N, N] logits; CUDA's memory-efficient kernel takes such a mask and its
+    gradient, so there the row would count about its floor's mask traffic instead."""
+    return "CPU math path (CUDA: efficient kernel)" if added.ops.get(CPU_FLASH, 0) < 0 else ""
 
 
 def measure(configs: list[Config], sizes: list[int], batch: int) -> list[dict[str, object]]:
@@ -119,14 +144,17 @@ def measure(configs: list[Config], sizes: list[int], batch: int) -> list[dict[st
                     "layers": len(model.blocks), **totals(work)}  # fmt: skip
                 if config.baseline:
                     added = work.minus(base_work[(config.baseline, mode, dtype)])
-                    floor = floor_bytes(config, model, batch, itemsize, train)
+                    floor, fused = floor_bytes(config, model, batch, itemsize, train)
                     record["added"] = totals(added)
                     record["added_ops"] = {op: [added.ops[op], added.op_bytes[op]] for op in sorted(added.ops)}
-                    record["floor_bytes"] = floor
-                    if config.kind == "bias":  # masks written per forward, beyond the baseline's
+                    record["floor_bytes"], record["fused_bytes"] = floor, fused
+                    record["cpu_kernel"] = cpu_kernel_note(added)
+                    if config.kind == "bias" and not train:  # masks written per forward, beyond the baseline's
                         geo, base = geometry(model), base_work[(config.baseline, mode, dtype)]
-                        record["mask_writes"] = mask_writes(work.written, geo) - mask_writes(base.written, geo)
+                        writes = mask_writes(work.written, geo, batch) - mask_writes(base.written, geo, batch)
+                        record["mask_writes"] = writes
                     record["x_floor"] = None if floor is None else round(added.bytes / floor, 2)
+                    record["x_fused"] = None if fused is None else round(added.bytes / fused, 1)
                 records.append(record)
     return records
 
@@ -136,26 +164,31 @@ def totals(work: Work) -> dict[str, int]:
 
 
 def table(records: list[dict[str, object]], mode: str, dtype: str) -> str:
-    """Markdown table of one setting: per row and size, added calls and kernels, MB, GFLOP, the floor and the
-    added bytes as a multiple of it."""
+    """Markdown table of one setting: per row and size, added calls and kernels, MB, GFLOP, the one-pass floor and
+    the added bytes as a multiple of it, the fused floor and the multiple of that; rows whose counts follow the
+    CPU's SDPA choice marked ``(CPU)``."""
     rows = [r for r in records if r["mode"] == mode and r["dtype"] == dtype]
     sizes = sorted({r["size"] for r in rows})
     head = "| configuration | " + " | ".join(
-        f"{s}px +calls / kernels | {s}px +MB | {s}px +GFLOP | {s}px floor MB | {s}px x floor" for s in sizes
+        f"{s}px +calls / kernels | {s}px +MB | {s}px +GFLOP | {s}px one-pass floor MB | {s}px x one pass | "
+        f"{s}px fused floor MB | {s}px x fused" for s in sizes
     )  # fmt: skip
-    lines = [head + " |", "| --- |" + " ---: |" * (5 * len(sizes))]
+    lines = [head + " |", "| --- |" + " ---: |" * (7 * len(sizes))]
     for label in dict.fromkeys(r["config"] for r in rows):
         cells = []
         for size in sizes:
             r = next(r for r in rows if r["config"] == label and r["size"] == size)
             if not r["baseline"]:  # a baseline row: its own totals
                 totals_ = f"({r['calls']} / {r['kernels']})", f"({r['bytes'] / 1e6:.1f})", f"({r['flops'] / 1e9:.2f})"
-                cells += [*totals_, "", ""]
+                cells += [*totals_, "", "", "", ""]
                 continue
             a, floor = r["added"], r["floor_bytes"]
             cells += [f"{a['calls']:+d} / {a['kernels']:+d}", f"{a['bytes'] / 1e6:+.1f}", f"{a['flops'] / 1e9:+.3f}"]
             cells += ["", ""] if floor is None else [f"{floor / 1e6:.1f}", f"{r['x_floor']:.2f}"]
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+            fused = r["fused_bytes"]
+            cells += ["", ""] if fused is None else [f"{fused / 1e6:.2f}", f"{r['x_fused']:.1f}"]
+        cpu = any(r.get("cpu_kernel") for r in rows if r["config"] == label)
+        lines.append(f"| {label}{' (CPU)' if cpu else ''} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

@@ -7,7 +7,12 @@ Counting rules (``benchmarks/patch_work.py`` and docs/performance.md quote them)
 - kernels: the calls that would launch a kernel: not a view (the schema aliases its input: ``view``,
   ``transpose``, ``expand``...), not an allocation without data (``empty``), not a metadata query
   (``_fused_sdp_choice``, ``detach_``...).
-- bytes: per kernel, the sizes of its tensor inputs and outputs (numel x element size), added up.
+- bytes: per kernel, the elements each tensor argument and result addresses (``addressed``: a dimension of
+  stride 0, an ``expand``'s, counts once, so an explicitly expanded argument counts as an implicitly broadcast
+  one), x element size, added up; tensors a kernel reads from one storage count their union at most (``a + a``
+  reads a once; q and k, two views of one qkv buffer, both). A kernel that overwrites an argument without reading
+  it (``copy_``, ``zero_``, ``fill_``, the random fills) or writes an ``out=`` argument counts that write only;
+  the ``_like`` / ``new_*`` factories read nothing.
 - FLOPs: ``torch.utils.flop_counter.FlopCounterMode`` (matrix products, convolutions, attention; elementwise
   ops count zero), with PyTorch's CPU flash-attention kernels given the formula of its other SDPA kernels.
 
@@ -43,7 +48,10 @@ WRITE_ONLY = {  # kernels that read none of their tensor arguments' data (only t
     aten.new_full.default, aten.new_zeros.default, aten.new_ones.default, aten.zeros_like.default,
     aten.ones_like.default, aten.full_like.default,
 }  # fmt: skip
-OVERWRITES = {aten.copy_.default}  # ... or not their first argument's, which they overwrite
+OVERWRITES = {  # ... or not their first argument's, which they overwrite
+    aten.copy_.default, aten.zero_.default, aten.fill_.Scalar, aten.fill_.Tensor, aten.uniform_.default,
+    aten.normal_.default, aten.bernoulli_.float,
+}  # fmt: skip
 
 
 @dataclass
@@ -70,9 +78,59 @@ class Work:
         )  # fmt: skip
 
 
+def addressed(t: torch.Tensor) -> int:
+    """Elements of memory a tensor addresses: its sizes over the dimensions of non-zero stride multiplied out
+    (a broadcast dimension, stride 0, is one element read again), at most its span in storage (a view whose rows
+    overlap, ``unfold``'s or an ``as_strided``'s, addresses each element once)."""
+    count = 1
+    for size, stride in zip(t.shape, t.stride(), strict=True):
+        count *= size if stride else min(size, 1)
+    return min(count, addressed_span(t))
+
+
+def storage_key(t: torch.Tensor) -> int:
+    return t.untyped_storage()._cdata
+
+
 def tensor_bytes(tree: object) -> int:
-    """Bytes of the tensors in a (nested) structure of arguments or results."""
-    return sum(t.numel() * t.element_size() for t in tree_leaves(tree) if isinstance(t, torch.Tensor))
+    """Bytes the tensors of a (nested) structure of arguments or results address, per storage: tensors of one
+    storage count their union at most (the span of their merged intervals), never more than their sum."""
+    by_storage: dict[int, list[torch.Tensor]] = {}
+    for t in tree_leaves(tree):
+        if isinstance(t, torch.Tensor):
+            by_storage.setdefault(storage_key(t), []).append(t)
+    total = 0
+    for tensors in by_storage.values():
+        size = tensors[0].element_size()
+        summed = sum(addressed(t) for t in tensors)
+        if len(tensors) > 1:
+            intervals = sorted((t.storage_offset(), t.storage_offset() + addressed_span(t)) for t in tensors)
+            union, (start, end) = 0, intervals[0]
+            for lo, hi in intervals[1:]:
+                if lo > end:
+                    union, start = union + end - start, lo
+                end = max(end, hi)
+            summed = min(summed, union + end - start)
+        total += summed * size
+    return total
+
+
+def addressed_span(t: torch.Tensor) -> int:
+    """Elements from a tensor's first to its last (non-negative strides, as the kernels here see), 0 if empty."""
+    if t.numel() == 0:
+        return 0
+    return 1 + sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride(), strict=True) if size > 1)
+
+
+def read_arguments(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> object:
+    """The arguments a kernel reads: none for a factory, all but the overwritten first for ``OVERWRITES``, all but
+    its ``out=`` arguments for any other."""
+    if func in WRITE_ONLY:
+        return ()
+    if func in OVERWRITES:
+        return (args[1:], kwargs)
+    outs = {a.name for a in func._schema.arguments if a.is_out}
+    return (args, {k: v for k, v in kwargs.items() if k not in outs})
 
 
 def is_composite(func: torch._ops.OpOverload) -> bool:
@@ -103,8 +161,7 @@ class WorkCounter(TorchDispatchMode):
         if func.is_view or func in NO_KERNEL or not any(isinstance(t, torch.Tensor) for t in tree_leaves(out)):
             return out
         name = str(func)
-        read = () if func in WRITE_ONLY else (args[1:], kwargs) if func in OVERWRITES else (args, kwargs)
-        moved = tensor_bytes(read) + tensor_bytes(out)
+        moved = tensor_bytes(read_arguments(func, args, kwargs)) + tensor_bytes(out)
         work.kernels += 1
         work.bytes += moved
         work.ops[name] += 1

@@ -1,10 +1,16 @@
-"""The least work a positional scheme must add to a forward (its floor), and the models' geometry it needs.
+"""Two floors of the work a positional scheme adds to a forward, and the models' geometry they need.
 
-- rotary: one read and one write of q and k [B, heads, N, head_dim] per layer, in q's dtype, plus its table once
-  (the tensors of its rotation at this grid, prefix rows left out, in the dtype it builds them: cos/sin
-  [(layers, heads,) HW, head_dim], blocks [(heads,) HW, d/b, b, b], STRING's basis [heads, d, d]).
-- bias: one mask [heads, N, N] in q's dtype per forward (per layer for a per-layer table), written once and read
-  once per layer (by the attention kernel); none on the FlexAttention path, which is not counted here.
+- one pass (``rotary_floor``, ``bias_floor``): the scheme applied as a kernel of its own.
+  - rotary: one read and one write of q and k [B, heads, N, head_dim] per layer, in q's dtype, plus its table once
+    (the tensors of its rotation at this grid, prefix rows left out, in the dtype it builds them: cos/sin
+    [(layers, heads,) HW, head_dim], blocks [(heads,) HW, d/b, b, b], STRING's basis [heads, d, d]).
+  - bias: one mask [heads, N, N] in q's dtype per forward (per layer for a per-layer table), written once and
+    read once per layer (by the attention kernel).
+- fused (``rotary_fused_floor``, ``bias_fused_floor``): the scheme computed inside a kernel that runs anyway (the
+  rotation in the q/k projection's epilogue or the attention kernel's prologue, a bias inside the attention
+  kernel, FlexAttention's ``score_mod``): what it adds is its table alone: a rotary table once; a bias's
+  per-offset table [heads, (2H - 1)(2W - 1)] in q's dtype, written once per forward (per layer for a per-layer
+  table) and read once per layer.
 - a training step: twice the inference floor (the backward passes once over the gradients of q and k, or of the
   mask, and over the table); what a learned table's own gradient costs is left out.
 
@@ -63,6 +69,22 @@ def bias_floor(geo: Geometry, itemsize: int, *, per_layer: bool, train: bool) ->
     return (2 if train else 1) * mask_bytes(geo, itemsize) * (writes + geo.layers)
 
 
+def rotary_fused_floor(table: int, *, train: bool) -> int:
+    """The table alone, read once; twice that for a training step."""
+    return (2 if train else 1) * table
+
+
+def offset_table_bytes(geo: Geometry, itemsize: int) -> int:
+    """One per-offset bias table [heads, (2H - 1)(2W - 1)]."""
+    return geo.heads * (2 * geo.grid[0] - 1) * (2 * geo.grid[1] - 1) * itemsize
+
+
+def bias_fused_floor(geo: Geometry, itemsize: int, *, per_layer: bool, train: bool) -> int:
+    """A per-offset table per forward (per layer for a per-layer table) written once and read once per layer."""
+    writes = geo.layers if per_layer else 1
+    return (2 if train else 1) * offset_table_bytes(geo, itemsize) * (writes + geo.layers)
+
+
 def rotation_bytes(rotation: Rotary) -> int:
     """Bytes of a rotation's tensors (cos/sin, xPos scales, basis, blocks)."""
     parts = (rotation.cos, rotation.sin, rotation.q_scale, rotation.k_scale, rotation.basis, rotation.blocks)
@@ -87,9 +109,11 @@ def timm_table_bytes(model: nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def mask_writes(written: dict[int, int], geo: Geometry) -> int:
-    """Kernel outputs of a mask's size, [heads, HW, HW] to [heads, N, N] elements (``Work.written``): each is a
-    pass that writes a whole mask (building it, padding its prefix rows, casting it)."""
-    patches = geo.grid[0] * geo.grid[1]
-    low, high = geo.heads * patches * patches, geo.heads * geo.tokens * geo.tokens
-    return sum(count for numel, count in written.items() if low <= numel <= high)
+def mask_writes(written: dict[int, int], geo: Geometry, batch: int) -> int:
+    """Kernel outputs of a mask's number of elements (``Work.written``): heads x Nq x Nk, or batch x heads x Nq x
+    Nk (a mask per batch element), with Nq and Nk each the patches or the tokens (prefix rows padded or not), in
+    any shape ([heads, N * N] as gathered, [B, heads, N, N]); each is a pass that writes a whole mask (building it,
+    padding its prefix rows, casting it). Meant for inference: on SDPA's math path the logits have a mask's size."""
+    sides = {geo.grid[0] * geo.grid[1], geo.tokens}
+    sizes = {lead * nq * nk for lead in (geo.heads, batch * geo.heads) for nq in sides for nk in sides}
+    return sum(count for numel, count in written.items() if numel in sizes)

@@ -56,3 +56,15 @@ def test_patch_dropout_compiles_as_one_graph_without_recompiling_per_batch(schem
     with torch._dynamo.config.patch(error_on_recompile=True):
         for _ in range(2):
             compiled(torch.randn(2, 3, 64, 64)).sum().backward()
+
+
+
+def test_learned_block_rotations_run_under_inductor() -> None:
+    """comrope2d's matrix exponential under inductor: the exponent goes to ``matrix_exp`` as one stack of
+    matrices, whatever layout inductor gives the einsum's result (a token-major 5-D exponent made the compiled
+    forward fail with "view size is not compatible" inside the generated code)."""
+    model = vispos.create_model("vit_tiny_patch16_224", pos="comrope2d", img_size=32, depth=1, num_classes=5).eval()
+    compiled = torch.compile(model, fullgraph=True)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), atol=1e-5, rtol=1e-5)

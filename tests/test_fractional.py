@@ -292,3 +292,15 @@ def test_bad_points_are_refused() -> None:
         pos.ragged_context(torch.ones(1, 1, 2, dtype=torch.bool), torch.tensor([[2, 2]]))
     ctx = pos.ragged_context(torch.tensor([[[0.5, 1.0], [1.0, 0.25]]]), torch.tensor([[2, 2]]))
     assert ctx.ragged.fractional and ctx.grid == (2, 2)
+
+
+def test_the_documented_table_names_every_2d_scheme() -> None:
+    """docs/token_subsets.md says what each 2D scheme does at a fractional point: none is left out."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "token_subsets.md").read_text()
+    section = text.split("## Fractional coordinates", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]  # the table's rows, schemes first
+    listed = {name.strip() for row in rows for name in row.split("|")[1].replace("`", "").split(",")}
+    missing = [s for s in vispos.list_encodings(2) if s not in listed]
+    assert not missing, missing

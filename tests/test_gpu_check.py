@@ -17,8 +17,9 @@ RAGGED = {"padded to the largest", "ragged rows", "packed rows"}
 
 
 def test_gpu_check_dry_run_writes_every_configuration(tmp_path: Path) -> None:
-    assert main(["--dry-run", "--out", str(tmp_path)]) == 0
+    assert main(["--dry-run", "--skip-real", "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert "training_steps" not in report
     expected = {f"vispos {s}" for s in SCHEMES} | {f"vispos {s}" for s in FLEX}
     expected |= {"timm vit_small_patch16_224", "timm vit_small_patch16_rope_224"}
     assert set(report["results"]) == expected
@@ -58,4 +59,27 @@ def test_gpu_check_skip_flags(tmp_path: Path) -> None:
     table = (tmp_path / "gpu_check.md").read_text()
     assert "## Inference throughput" not in table and "## (b) Ragged batch" in table
     with pytest.raises(SystemExit):
-        main(["--dry-run", "--skip-throughput", "--skip-token-subsets", "--out", str(tmp_path)])
+        main(["--dry-run", "--skip-throughput", "--skip-token-subsets", "--skip-real", "--out", str(tmp_path)])
+
+
+def test_gpu_check_dry_run_trains_every_scheme_on_both_hosts_and_loads_through_a_device_map(tmp_path: Path) -> None:
+    """The real-device part (benchmarks/gpu_real.py) on the CPU: a bf16-autocast training step per scheme and host
+    with finite loss and gradients and the SDPA kernel it reached, and a sharded device-map load per host equal to
+    the in-memory model."""
+    assert main(["--dry-run", "--skip-throughput", "--skip-token-subsets", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    steps = report["training_steps"]
+    assert set(steps) == {"timm", "transformers"}
+    for host, rows in steps.items():
+        assert set(rows) == SCHEMES, host
+        for scheme, row in rows.items():
+            assert isinstance(row, dict), (host, scheme, row)  # a string is the error it raised
+            assert row["finite"] and row["ms"] > 0 and row["kernel"], (host, scheme)
+    # on the CPU a bias mask with gradients takes the math kernel, RoPE the fused one
+    assert steps["timm"]["relbias2d"]["kernel"] == "math" and steps["timm"]["rope2d"]["kernel"] == "flash (CPU)"
+    loads = report["device_map_loads"]
+    assert set(loads) == {"timm", "transformers"}
+    for host, row in loads.items():
+        assert isinstance(row, dict) and row["equal"], (host, row)
+    table = (tmp_path / "gpu_check.md").read_text()
+    assert "## bf16 training step per scheme and host" in table and "## Device-map load" in table

@@ -52,6 +52,12 @@ def test_siglip2_naflex_keeps_its_table_and_each_image_its_own_grid() -> None:
 ONE_GRID = vispos.list_encodings(2, kind="query_bias")  # refused in ragged batches (test_decomposed2d, test_irpe2d)
 
 
+@pytest.mark.parametrize("scheme", ONE_GRID)
+def test_siglip2_refuses_a_query_dependent_bias_at_patch_time(scheme: str) -> None:
+    with pytest.raises(ValueError, match=rf"^{scheme} on Siglip2VisionModel: a query-dependent bias .* alibi2d"):
+        vispos.patch(_siglip2(), scheme, inherit=False)
+
+
 @pytest.mark.parametrize("scheme", [s for s in SCHEMES_2D if s not in ONE_GRID])
 def test_siglip2_padded_batch_equals_each_image_alone(scheme: str) -> None:
     model = vispos.patch(_siglip2(), scheme, inherit=False)

@@ -19,7 +19,7 @@ import torch
 from timm.models.vision_transformer import VisionTransformer
 
 import vispos
-from vispos.encodings.irpe import grid_bucket_ids, num_buckets, piecewise_index
+from vispos.encodings.irpe_buckets import grid_bucket_ids, num_buckets, piecewise_index
 from vispos.encodings.relbias import bias_mask, prefixed_offset_index
 
 TRAIN, LARGER = (14, 14), (18, 23)
@@ -265,5 +265,6 @@ def test_far_offsets_share_the_last_bucket_and_ragged_batches_refuse_the_context
     ids = grid_bucket_ids((1, 40), "product", 1.9, None)[0, 0]  # query at x = 0, keys at x = 0..39: dx = -x
     assert ids.tolist() == [24 + g for g in [0, -1, -2, -2] + [-3] * 36]  # (0 + 3) * 7 + g + 3
     model = vit("irpe2d")
-    with pytest.raises(ValueError, match="irpe2d.*ragged and packed batches are not supported"):
+    with pytest.raises(ValueError, match="irpe2d.*ragged and packed batches are not supported") as refused:
         model.vispos.ragged_context(torch.zeros(1, 4, 2, dtype=torch.long), torch.tensor([[2, 2]]))
+    assert "decomposed2d" not in str(refused.value)  # the scheme used, no other

@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import timm
 import torch
@@ -34,6 +36,7 @@ CONFIGS = [
     ("corners-triangles-none", 12, {"distance": "sqrt"}),
     ("corners-triangles-none", 12, {"distance": "square", "fill_with": "max"}),
     ("halves-zerocorners", 16, {"fill_with": "zero"}),
+    ("halves-zerocorners", 16, {"fill_with": "max"}),  # fill="max" on heads without a distance: their max is 0
 ]
 DEPTH = 3
 
@@ -103,9 +106,13 @@ def test_default_is_lh90_and_the_layer_slopes_span_the_depth() -> None:
     ("fields", "heads", "groups", "slopes"),
     [
         # the released head counts (6, 12, 16) are covered by the parity test; these are vispos's extension
-        ("corners-triangles-none", 3, ["corners"] * 3, [0.5] * 3),
+        ("corners-triangles-none", 3, ["none"] * 3, [0.25, 0.0625, 0.015625]),
         ("halves-none", 8, ["halves"] * 4 + ["none"] * 4, [0.5] * 4 + [0.25, 0.0625, 0.015625, 0.00390625]),
-        ("halves-none", 10, ["halves"] * 8 + ["none"] * 2, [0.5] * 4 + [0.25] * 4 + [0.25, 0.0625]),
+        ("halves-none", 10, ["halves"] * 4 + ["none"] * 6, [0.5] * 4 + [0.25, 0.25, 0.0625, 0.015625, 0.015625,
+                                                                         0.00390625]),  # fmt: skip
+        ("halves-corners", 10, ["halves"] * 6 + ["corners"] * 4, [0.5] * 4 + [0.25] * 2 + [0.5] * 4),
+        ("none-corners", 5, ["none"] + ["corners"] * 4, [0.25] + [0.5] * 4),  # the global group dealt last
+        ("none-corners", 4, ["corners"] * 4, [0.5] * 4),  # one block: the directional group's
         ("none", 8, ["none"] * 8, [0.25, 0.25, 0.0625, 0.0625, 0.015625, 0.015625, 0.00390625, 0.00390625]),
         ("triangles-none", 5, ["triangles"] * 4 + ["none"], [0.5] * 4 + [0.25]),
     ],
@@ -120,6 +127,45 @@ def test_heads_are_dealt_in_blocks_of_four_for_any_head_count(fields, heads, gro
         position[g] += 1
     assert views == expected_views
     assert got == pytest.approx(slopes)
+
+
+def _seen(enc: torch.nn.Module, heads: list[int]) -> torch.Tensor:
+    """Where any of ``heads`` sees the key, per offset of a 5 x 5 grid [9, 9]."""
+    return (enc.offset_bias((5, 5))[heads] > -MASKED).any(dim=0)
+
+
+@pytest.mark.parametrize("fields", ["corners-triangles-none", "halves-none", "triangles-zero", "corners-triangles",
+                                    "none-corners"])
+@pytest.mark.parametrize("heads", range(1, 17))
+def test_any_head_count_sees_every_way_and_keeps_a_global_head_where_it_fits(fields: str, heads: int) -> None:
+    """Directional groups hold whole blocks of four (together they see every offset), the heads left over go to a
+    listed global group (5, 7, 9... heads), under 4 heads every head is global or ``fields`` is refused; a group left
+    out is warned about, naming every head's field."""
+    groups = fields.split("-")
+    undirected = [g for g in groups if g in ("none", "zero")]
+    if heads < 4 and not undirected:
+        with pytest.raises(ValueError, match=rf"fields='{fields}' on {heads} head\(s\): .* block of four heads"):
+            vispos.create_encoding("lookhere2d", num_heads=heads, fields=fields)
+        return
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        enc = vispos.create_encoding("lookhere2d", num_heads=heads, fields=fields)
+    directional = [h for h, view in enumerate(enc.views) if set(view) - {"zero"}]
+    global_heads = [h for h, view in enumerate(enc.views) if not set(view) - {"zero"}]
+    assert sorted(directional + global_heads) == list(range(heads))
+    assert _seen(enc, list(range(heads))).all()  # every offset seen by some head
+    if heads >= 4:
+        assert _seen(enc, directional).all()  # ... by the directional heads alone: their blocks are whole
+    blocks, left = divmod(heads, 4)
+    released_six = heads == 6 and len(groups) == 3  # the released 4 + 2 split: the third group gets no head
+    if undirected and not released_six:
+        assert bool(global_heads) == (left > 0 or blocks >= len(groups))
+    served = min(blocks, len(groups)) + (left > 0 and blocks < len(groups)) if heads >= 4 else 1  # groups with heads
+    left_out = released_six or served < len(groups)
+    said = [str(w.message) for w in caught if "lookhere2d" in str(w.message)]
+    if said:
+        assert all(f"head {h}: " in said[0] for h in range(heads)) and "get(s) no head" in said[0]
+    assert bool(said) == left_out, said
 
 
 def test_a_larger_grid_rebuilds_the_mask_with_the_same_slopes() -> None:

@@ -61,9 +61,21 @@ def test_a_margin_just_inside_or_outside_twice_the_error():
         assert check(run, Claim("s", "-", ("a", "b"), "-"), "resize", 28).pairs[0].verdict == verdict, gap
 
 
-def test_one_seed_reads_any_gap_as_resolved():
-    one = check(_run({"a": [50.0], "b": [49.9], "c": [49.8]}), CLAIM, "resize", 28)
-    assert all(p.se == 0.0 for p in one.pairs) and one.verdict == "yes"
+def test_one_seed_leaves_every_pair_untested(tmp_path, capsys):
+    """One seed has no sample standard deviation: no gap, however small or large, agrees or is reversed."""
+    one = check(_run({"a": [50.0], "b": [49.9], "c": [60.0]}), CLAIM, "resize", 28)
+    assert all(p.se is None and p.verdict == "untested" for p in one.pairs)
+    assert one.verdict == "untested (one seed)"
+    assert one.ordering() == "c 60.0 >? a 50.0 >? b 49.9"
+    assert one.details() == "one seed: no pair tested"
+    mixed = check(_run({"a": [50.0, 51.0], "b": [40.0, 41.0], "c": [45.0]}), CLAIM, "resize", 28)  # c: one seed
+    assert [p.verdict for p in mixed.pairs] == ["agrees", "untested", "untested"] and mixed.verdict == "unresolved"
+    assert "untested, one seed: b - c = -4.5" in mixed.details() and "reversed" not in mixed.details()
+    (tmp_path / "results.json").write_text(json.dumps(_run({"lookhere2d": [80.0], "rope2d": [60.0]}).to_json()))
+    assert cli.main([str(tmp_path), "--sizes", "28", "--claims", "lookhere"]) == 0
+    out = capsys.readouterr().out
+    assert "one seed: the standard error over seeds is undefined, so no pair is tested" in out
+    assert "| lookhere2d 80.0 >? rope2d 60.0 | untested (one seed) |" in out and "| yes |" not in out
 
 
 def test_the_published_orderings_name_catalogue_schemes():

@@ -197,3 +197,25 @@ def test_the_transformers_families_take_it() -> None:
         eager = model(pixel_values=images).last_hidden_state
     assert fused.shape == (2, 1 + 30, 32)
     torch.testing.assert_close(fused, eager, rtol=1e-5, atol=1e-5)
+
+
+def test_a_token_subset_of_a_ragged_batch_keeps_each_tokens_point() -> None:
+    """``take`` on per-token points [B, T, 2] (a ragged batch) gathers each row's own tokens: the subset's channels
+    are those of the same tokens laid out directly."""
+    enc = vispos.create_encoding("pape2d", dim=8, width=16, num_heads=2, parabolas=3)
+    yx = torch.tensor([[[0, 0], [0, 0], [0, 1], [1, 0], [1, 1]],    # row 0: a prefix token, then a 2 x 2 image
+                       [[0, 0], [0, 0], [0, 1], [0, 2], [0, 3]]])   # row 1: a prefix token, then a 1 x 4 image
+    hw = torch.tensor([[2, 2], [1, 4]])[:, None].expand(-1, 5, -1)  # fmt: skip
+    prefix = torch.tensor([[True, False, False, False, False]] * 2)
+    tokens = torch.tensor([[0, 4, 2], [3, 0, 4]])
+    got = enc.ragged(yx, hw, prefix).take(tokens)
+
+    def pick(t: torch.Tensor) -> torch.Tensor:
+        return torch.stack([t[b, tokens[b]] for b in range(2)])
+
+    want = enc.ragged(pick(yx), pick(hw), pick(prefix))
+    torch.testing.assert_close(got.points, want.points, rtol=0, atol=0)
+    torch.testing.assert_close(got.origin, want.origin, rtol=0, atol=0)
+    inputs = torch.randn(2, 3, 16)
+    for ours, theirs in zip(got.bind(inputs).channels(), want.bind(inputs).channels(), strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=0)

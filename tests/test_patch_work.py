@@ -5,13 +5,12 @@ fails), and the floors checked against arithmetic written out by hand. No timing
 from __future__ import annotations
 
 import pytest
-import timm
 import torch
 
 import vispos
 from benchmarks.patch_work import MODEL, configurations, measure, table
 from benchmarks.work_count import count_work, fake_model
-from benchmarks.work_floor import geometry, mask_writes
+from benchmarks.work_floor import geometry
 from benchmarks.work_targets import check_targets
 
 TINY = {"depth": 2, "embed_dim": 64, "num_heads": 2}  # 2 layers, 2 heads of 32 channels
@@ -50,18 +49,18 @@ def test_fake_tensors_count_what_real_ones_do(pos: str, train: bool) -> None:
 
 # (calls, kernels, bytes) each scheme adds to the tiny ViT, batch 1, 64 px; bf16 is autocast
 PINNED = {
-    ("rope2d", "inference", "fp32"): (66, 52, 213600),
-    ("rope2d", "inference", "bf16"): (70, 56, 196192),
-    ("rope2d", "training", "fp32"): (93, 71, 396384),
-    ("rope2d", "training", "bf16"): (109, 87, 405088),
-    ("rope2d_mixed", "inference", "fp32"): (58, 39, 304352),
-    ("rope2d_mixed", "inference", "bf16"): (62, 43, 286944),
-    ("rope2d_mixed", "training", "fp32"): (140, 94, 929120),
-    ("rope2d_mixed", "training", "bf16"): (156, 110, 920416),
-    ("relbias2d", "inference", "fp32"): (52, 24, 20192),
-    ("relbias2d", "inference", "bf16"): (56, 28, 15568),
-    ("relbias2d", "training", "fp32"): (146, 55, 169192),
-    ("relbias2d", "training", "bf16"): (194, 103, 430720),
+    ("rope2d", "inference", "fp32"): (68, 38, 116736),
+    ("rope2d", "inference", "bf16"): (70, 38, 90624),
+    ("rope2d", "training", "fp32"): (93, 71, 395264),
+    ("rope2d", "training", "bf16"): (109, 87, 403968),
+    ("rope2d_mixed", "inference", "fp32"): (60, 25, 195712),
+    ("rope2d_mixed", "inference", "bf16"): (62, 25, 169600),
+    ("rope2d_mixed", "training", "fp32"): (140, 94, 924928),
+    ("rope2d_mixed", "training", "bf16"): (156, 110, 916224),
+    ("relbias2d", "inference", "fp32"): (52, 24, 19960),
+    ("relbias2d", "inference", "bf16"): (56, 28, 15336),
+    ("relbias2d", "training", "fp32"): (146, 55, 168960),
+    ("relbias2d", "training", "bf16"): (194, 103, 430488),
 }
 
 
@@ -95,34 +94,49 @@ def test_floors_match_the_arithmetic(records: list[dict[str, object]]) -> None:
         ("relbias2d", "inference", "bf16"): mask // 2 * (2 + 2),
         ("relbias2d", "training", "fp32"): 2 * mask * (2 + 2),
     }
+    offsets = 2 * 7 * 7 * 4  # a per-offset table [heads, (2H - 1)(2W - 1)]
+    fused = {  # the table alone
+        ("rope2d", "inference", "fp32"): rope2d_table,
+        ("rope2d", "inference", "bf16"): rope2d_table,
+        ("rope2d", "training", "fp32"): 2 * rope2d_table,
+        ("rope2d_mixed", "inference", "fp32"): mixed_table,
+        ("relbias2d", "inference", "fp32"): offsets * (2 + 2),
+        ("relbias2d", "inference", "bf16"): offsets // 2 * (2 + 2),
+        ("relbias2d", "training", "fp32"): 2 * offsets * (2 + 2),
+    }
     for (scheme, mode, dtype), floor in expected.items():
         row = next(r for r in records if r["config"] == f"vispos {scheme}" and (r["mode"], r["dtype"]) == (mode, dtype))
         assert row["floor_bytes"] == floor, (scheme, mode, dtype)
         assert row["x_floor"] == round(row["added"]["bytes"] / floor, 2)
+        assert row["fused_bytes"] == fused[(scheme, mode, dtype)], (scheme, mode, dtype)
 
 
-def test_mask_writes_count_mask_sized_outputs() -> None:
-    geo = geometry(timm.create_model(MODEL, img_size=SIZE, **TINY))
-    heads_patches, heads_tokens = 2 * 16 * 16, 2 * 17 * 17
-    written = {heads_patches: 1, heads_tokens: 2, heads_tokens + 1: 5, heads_patches - 1: 7}
-    assert mask_writes(written, geo) == 3
+def test_rows_that_follow_the_cpu_attention_kernel_are_marked(records: list[dict[str, object]]) -> None:
+    """relbias2d's training step sends CPU attention to its math path (a mask with a gradient): marked, with what
+    CUDA would choose; its inference rows and the rotary rows keep the fused kernel and are not marked."""
+    marked = {(r["config"], r["mode"]) for r in records if r.get("cpu_kernel")}
+    assert marked == {("vispos relbias2d", "training")}
+    row = next(r for r in records if r["config"] == "vispos relbias2d" and r["mode"] == "training")
+    assert "CUDA" in row["cpu_kernel"]
+    assert "(CPU)" in next(line for line in table(records, "training", "fp32").splitlines() if "relbias2d" in line)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
 def test_rotation_without_an_fp32_copy_is_bit_identical(dtype: torch.dtype, layout: str) -> None:
     """``apply_rope`` shuffles q in its own dtype and lets the products with fp32 cos/sin promote: the same bits
-    as rotating ``x.float()`` (what it did before, one pass over q and k more)."""
+    as rotating ``x.float()`` (what it did before, one pass over q and k more). With gradients (training), the
+    formula ``apply_rope`` differentiates; without, ``rotate_half_in_place`` (tests/test_rope_eager_passes.py)."""
     from vispos.encodings.rope import apply_rope, rotate_half, rotate_interleaved
 
     torch.manual_seed(0)
-    qkv = torch.randn(2, 17, 3, 3, 32).to(dtype)  # [B, N, (q k v), heads, d]
+    qkv = torch.randn(2, 17, 3, 3, 32).to(dtype).requires_grad_()  # [B, N, (q k v), heads, d]
     x = qkv.permute(2, 0, 3, 1, 4)[0]  # q [B, heads, N, d], a strided view as in the attention
     angles = torch.randn(17, 32) * 10
     cos, sin = angles.cos(), angles.sin()
     rot = rotate_half if layout == "half" else rotate_interleaved
-    xf = x.float()
-    assert torch.equal(apply_rope(x, cos, sin, layout), (xf * cos + rot(xf) * sin).to(dtype))
+    xf = x.detach().float()
+    assert torch.equal(apply_rope(x, cos, sin, layout).detach(), (xf * cos + rot(xf) * sin).to(dtype))
 
 
 @pytest.mark.parametrize("pos", ["relbias2d", "alibi2d"])

@@ -275,6 +275,19 @@ def test_attention_takes_scaling_fields_as_keywords_like_configure() -> None:
         make("alibi", factor=2.0)
 
 
+@pytest.mark.parametrize(("typed", "meant"), [("log_n_atention", "log_n_attention"), ("factr", "factor"),
+                                              ("train_grd", "train_grid"), ("atention", "attention")])  # fmt: skip
+def test_configure_names_an_unknown_keyword_with_the_accepted_ones_and_the_nearest(typed: str, meant: str) -> None:
+    """A typo is not taken for a scaling option: the message names it, what is accepted, and what it is nearest."""
+    model = torch.nn.Sequential(make("rope"))
+    for scaling in ({}, {"scaling": "linear"}):
+        with pytest.raises(TypeError, match=rf"unknown keyword\(s\) '{typed}' \('{typed}': did you mean '{meant}'\?\); "
+                           r"accepted: scaling, train_grid, log_n_attention, attention, .* factor, original_length"):
+            vispos.configure(model, **scaling, **{typed: True})
+    with pytest.raises(TypeError, match=r"unknown keyword\(s\) 'zzz'; accepted"):  # nothing near: no guess
+        vispos.configure(model, zzz=1)
+
+
 def test_set_position_enabled_switches_a_stack_of_attention_layers() -> None:
     stack = torch.nn.Sequential(make("alibi"), make("alibi"))
     x = tokens()

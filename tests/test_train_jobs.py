@@ -74,3 +74,14 @@ def test_entries_run_a_part_of_the_config(tmp_path: Path) -> None:
 def test_bad_jobs_and_entries_are_refused(tmp_path: Path, capsys, args: list[str], message: str) -> None:
     assert train_main(["--config", str(write_config(tmp_path, "bad")), *args]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_key_value_after_entries_is_an_override(tmp_path: Path, capsys) -> None:
+    """``--entries rope2d train.epochs=0``: the override is applied (and refused as a bad value), not taken for an
+    entry's name."""
+    path = str(write_config(tmp_path, "mixed"))
+    assert train_main(["--config", path, "--entries", "rope2d", "train.epochs=0"]) == 2
+    err = capsys.readouterr().err
+    assert "epochs" in err and "not entries" not in err, err
+    assert train_main(["--config", path, "--entries", "rope3d", "train.epochs=1"]) == 2
+    assert "--entries rope3d: not entries" in capsys.readouterr().err

@@ -45,6 +45,18 @@ def test_by_default_the_groups_are_timms() -> None:
     assert positional(m) <= ids(undecayed["params"])  # no_weight_decay(): every positional parameter
 
 
+def test_pape2d_projections_are_decayed_as_its_release_trains_them() -> None:
+    """The released PaPE recipe (AdamW over every parameter, weight decay 0.05) decays its projections: they are
+    not in ``no_weight_decay()``, and the trainer's AdamW decays them; a table beside them is not decayed."""
+    m = model(["learned2d", "pape2d"])
+    pape = {n for n, _ in m.named_parameters() if n.startswith("vispos.attention.")}
+    assert pape and {n.rsplit(".", 1)[-1] for n in pape} == {"weight"}  # position.weight, ab.weight per layer
+    assert not pape & m.no_weight_decay() and "vispos.additive.table" in m.no_weight_decay()
+    groups = make_optimizer(m, TrainConfig()).param_groups
+    decayed = next(g for g in groups if g["weight_decay"] > 0.0)
+    assert {id(p) for n, p in m.named_parameters() if n in pape} <= ids(decayed["params"])
+
+
 def test_positional_parameters_get_their_own_learning_rate_and_weight_decay() -> None:
     m = model()
     cfg = TrainConfig(lr=1e-3, pos_lr_scale=0.1, pos_weight_decay=0.01)

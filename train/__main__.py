@@ -35,7 +35,13 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                         "then evaluate and report in this one")
     # the trainings --jobs starts: each leaves the run's report to the process that assembles it
     p.add_argument("--no-report", action="store_true", help=argparse.SUPPRESS)
-    return p.parse_intermixed_args(argv)
+    args = p.parse_intermixed_args(argv)
+    if args.entries:  # KEY=VALUE after --entries is an override, not an entry's name
+        args.overrides += [e for e in args.entries if "=" in e]
+        args.entries = [e for e in args.entries if "=" not in e]
+        if not args.entries:
+            p.error("--entries needs at least one entry name before KEY=VALUE overrides")
+    return args
 
 
 def only_entries(cfg: ExperimentConfig, names: list[str]) -> ExperimentConfig:

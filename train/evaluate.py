@@ -24,7 +24,7 @@ from .data.sources import build_data
 from .engine import checkpoint as ckpt_io
 from .engine.checkpoint import CheckpointError
 from .engine.models import build_model, configure_eval, patch_size_of, set_positions
-from .engine.trainer import CHECKPOINT  # the file a scheme folder holds
+from .engine.progress import CHECKPOINT  # the file a scheme folder holds
 from .evaluation.accuracy import eval_sizes, evaluate_model
 from .evaluation.report import format_tables
 from .evaluation.results import Accuracy, accuracy_to_json

@@ -41,8 +41,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e.args[0]}", file=sys.stderr)
         return 2
     seeds = len(results.seeds) or 1
-    print(f"{results.name}: trained at {results.train_size} px, {seeds} seed(s), protocol {args.protocol}; "
-          "a pair agrees when its gap exceeds twice its standard error over seeds\n")
+    test = ("a pair agrees when its gap exceeds twice its standard error over seeds" if seeds > 1 else
+            "one seed: the standard error over seeds is undefined, so no pair is tested (agrees or reversed); "
+            "the gaps are one seed's")  # fmt: skip
+    print(f"{results.name}: trained at {results.train_size} px, {seeds} seed(s), protocol {args.protocol}; {test}\n")
     print(format_checks(checks, results.train_size))
     note = convergence_note(checks)
     if note:

@@ -9,7 +9,10 @@ plain ``nn.Module`` made of ``vispos.layers.Attention`` layers alike.
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import math
+from dataclasses import fields
 from typing import Any
 
 from torch import nn
@@ -21,6 +24,7 @@ from .positions import Positions, plain
 from .registry import list_encodings
 
 ATTENTION_BACKENDS: tuple[str, ...] = ("sdpa", "flex")
+SETTINGS: tuple[str, ...] = ("scaling", "train_grid", "log_n_attention", "attention")  # configure's own keywords
 
 _KEEP: Any = object()  # "leave this setting as it is"
 
@@ -69,6 +73,7 @@ def configure(
     positions = [m for m in module.modules() if isinstance(m, Positions)]
     if not positions and not any(hasattr(m, "scheme_info") for m in module.modules()):
         raise ValueError("no vispos positional scheme found; patch the model with vispos.patch or use vispos.layers")
+    _refuse_unknown(scaling_options, module)
     grid = None if train_grid is None else check_grid(train_grid, "train_grid")
     if scaling is _KEEP and scaling_options:
         raise ValueError(f"scaling options {sorted(scaling_options)} given without scaling=")
@@ -111,6 +116,24 @@ def configure(
         for pos in positions:
             pos.settings["attention"] = attention  # read back as Positions.attention_backend
     return module
+
+
+def _refuse_unknown(given: dict[str, Any], module: nn.Module) -> None:
+    """A keyword that is neither a setting of ``configure``, a ``RopeScaling`` field nor a keyword of the model's
+    RoPEs' own ``set_scaling`` (the diffusers host's ``schedule``), named with the accepted ones and the nearest."""
+    options = tuple(f.name for f in fields(RopeScaling) if f.name != "type")
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    own = {n: None for rope in scalable_ropes(module) for n, p in inspect.signature(rope.set_scaling).parameters.items()
+           if p.kind in named and n not in ("scaling", "train_grid", "train_size")}  # fmt: skip
+    options += tuple(n for n in own if n not in options)
+    unknown = [k for k in given if k not in options]
+    if unknown:
+        near = {k: difflib.get_close_matches(k, SETTINGS + options, n=1) for k in unknown}
+        hints = "".join(f" ({k!r}: did you mean {m[0]!r}?)" for k, m in near.items() if m)
+        raise TypeError(
+            f"vispos.configure got unknown keyword(s) {', '.join(map(repr, unknown))}{hints}; "
+            f"accepted: {', '.join(SETTINGS)}, and with scaling= the RopeScaling fields {', '.join(options)}"
+        )
 
 
 def set_position_enabled(module: nn.Module, enabled: bool) -> nn.Module:

@@ -45,6 +45,12 @@ class PositionsHost:
         """The positional settings: schemes, options, training grid, and what ``vispos.configure`` set."""
         return self.vispos.settings
 
+    def positional_no_weight_decay(self) -> set[str]:
+        """The positional parameters ``no_weight_decay()`` lists: every one but those of a scheme whose release
+        decays them (a module with ``weight_decayed = True``: pape2d's projections)."""
+        decayed = {id(p) for m in self.vispos.modules() if getattr(m, "weight_decayed", False) for p in m.parameters()}
+        return {f"vispos.{name}" for name, p in self.vispos.named_parameters() if id(p) not in decayed}
+
     def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False) -> Any:
         """``nn.Module.load_state_dict``; with ``strict=False`` a checkpoint of other positions (or a plain
         checkpoint whose table the scheme cannot hold) gives every weight outside the positions and reports the
@@ -135,6 +141,19 @@ def resolve_schemes(
             f"conditional: {', '.join(list_encodings(2, kind='conditional'))}"
         )
     return tuple(group[0] if group else None for group in (additive, attention, conditional))
+
+
+def refuse_one_grid(attention: SchemeInfo | None, host: str, batches: str) -> None:
+    """A query-dependent bias (decomposed2d, irpe2d: tables from the query at each offset of one grid) has no ragged
+    or packed form: a host whose every batch is ragged or packed (``batches`` says how) refuses it at ``patch``
+    time, naming the attention schemes it takes."""
+    if attention is None or attention.kind != "query_bias":
+        return
+    takes = [n for n in list_encodings(2, kind=ATTENTION_KINDS) if get_info(n, ndim=2).kind != "query_bias"]
+    raise ValueError(
+        f"{attention.name} on {host}: a query-dependent bias is built for one image grid, and {batches}; "
+        f"attention schemes this model takes: {', '.join(takes)}"
+    )
 
 
 def _build(

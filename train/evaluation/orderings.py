@@ -7,7 +7,9 @@ scheme's sample standard deviation). A pair *agrees* when the difference exceeds
 direction, is *reversed* when it exceeds it the other way, and is a *tie* otherwise. The ordering agrees when
 every pair does, disagrees when any pair is reversed, and is unresolved when the rest are ties. With three
 seeds the test is loose (a tie needs a gap below about 2.3 standard deviations of one seed), which is the
-honest reading of three seeds.
+honest reading of three seeds. With one seed of a scheme the standard error is undefined: its pairs are
+*untested* (their gaps are printed, marked as one seed's), never agreeing or reversed, and an ordering whose
+pairs are all untested is itself untested.
 
 Every row also states how many of each ranked scheme's seeds pass the convergence check
 (``train.evaluation.convergence``; an evaluation-only entry, such as ``rope2d+linear``, is its trained base's
@@ -60,10 +62,12 @@ class Pair:
     better: str
     worse: str
     gap: float
-    se: float  # the standard error of ``gap`` over seeds (0.0 for one seed)
+    se: float | None  # the standard error of ``gap`` over seeds (None: undefined, one seed of either scheme)
 
     @property
     def verdict(self) -> str:
+        if self.se is None:
+            return "untested"
         margin = 2.0 * self.se
         return "agrees" if self.gap > margin else "reversed" if self.gap < -margin else "tie"
 
@@ -85,26 +89,36 @@ class Check:
     @property
     def verdict(self) -> str:
         verdicts = {p.verdict for p in self.pairs}
-        return "yes" if verdicts == {"agrees"} else "no" if "reversed" in verdicts else "unresolved"
+        if "reversed" in verdicts:
+            return "no"
+        if verdicts == {"untested"}:
+            return "untested (one seed)"
+        return "yes" if verdicts == {"agrees"} else "unresolved"
 
     def ordering(self) -> str:
-        """The schemes by mean, best first; ``≈`` where a pair is a tie, ``>`` where it is resolved."""
+        """The schemes by mean, best first; ``≈`` where a pair is a tie, ``>`` where it is resolved, ``>?`` where
+        it is untested (one seed)."""
         ranked = sorted(self.means, key=lambda s: -self.means[s])
-        ties = {frozenset((p.better, p.worse)) for p in self.pairs if p.verdict == "tie"}
+        signs = {frozenset((p.better, p.worse)): {"tie": "≈", "untested": ">?"}.get(p.verdict, ">")
+                 for p in self.pairs}  # fmt: skip
         out = f"{ranked[0]} {self.means[ranked[0]]:.1f}"
         for above, below in zip(ranked, ranked[1:], strict=False):
-            sign = "≈" if frozenset((above, below)) in ties else ">"
+            sign = signs.get(frozenset((above, below)), ">")
             out += f" {sign} {below} {self.means[below]:.1f}"
         return out
 
     def details(self) -> str:
         """The reversed and tied pairs in words, e.g. ``reversed: learned2d above rope2d_mixed by 4.1 ± 1.2``."""
+        if {p.verdict for p in self.pairs} == {"untested"}:  # the means are one seed's, the ordering shows them
+            return "one seed: no pair tested" + (f"; not trained: {', '.join(self.missing)}" if self.missing else "")
         parts = []
         for p in self.pairs:
             if p.verdict == "reversed":
                 parts.append(f"reversed: {p.worse} above {p.better} by {-p.gap:.1f} ± {p.se:.1f}")
             elif p.verdict == "tie":
                 parts.append(f"tie: {p.better} - {p.worse} = {p.gap:+.1f} ± {p.se:.1f}")
+            elif p.verdict == "untested":
+                parts.append(f"untested, one seed: {p.better} - {p.worse} = {p.gap:+.1f}")
         parts += [f"not trained: {', '.join(self.missing)}"] if self.missing else []
         return "; ".join(parts) or "every pair as claimed"
 
@@ -137,9 +151,9 @@ def check(results: RunResult, claim: Claim, protocol: str, size: int) -> Check:
     values = {s: _seed_values(results, s, protocol, size) for s in present}
     means = {s: statistics.fmean(v) for s, v in values.items()}
 
-    def se(a: list[float], b: list[float]) -> float:
+    def se(a: list[float], b: list[float]) -> float | None:
         if len(a) < 2 or len(b) < 2:
-            return 0.0
+            return None  # a sample standard deviation needs two seeds
         return math.sqrt(statistics.variance(a) / len(a) + statistics.variance(b) / len(b))
 
     pairs = [Pair(hi, lo, means[hi] - means[lo], se(values[hi], values[lo]))

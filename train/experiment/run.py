@@ -31,8 +31,9 @@ from ..engine import checkpoint as ckpt_io
 from ..engine.finetune import finetune
 from ..engine.finetune import fingerprint as finetune_fingerprint
 from ..engine.models import build_model, configure_eval, preflight, set_positions
+from ..engine.progress import CHECKPOINT, SUMMARY
 from ..engine.sharded import full_state
-from ..engine.trainer import CHECKPOINT, SUMMARY, train_scheme
+from ..engine.trainer import train_scheme
 from ..evaluation.accuracy import eval_sizes, evaluate_model
 from ..evaluation.convergence import NOT_CHECKED, Convergence
 from ..evaluation.report import write_outputs
@@ -191,7 +192,7 @@ class Experiment:
 
     def _load_trained(self, base: SchemeConfig) -> nn.Module:
         """The final weights of a trained scheme of this run (for evaluation-only entries); trained again when the
-        run folder keeps only its summary (``train.engine.trainer.SUMMARY``)."""
+        run folder keeps only its summary (``train.engine.progress.SUMMARY``)."""
         folder = scheme_folder(self.cfg.run_dir, base.name)
         path = folder / CHECKPOINT
         if not path.exists() and (folder / SUMMARY).exists():

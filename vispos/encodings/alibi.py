@@ -12,9 +12,10 @@ from ..registry import register
 from .relbias import OffsetBias, offsets_2d
 
 
-def alibi_slopes(num_heads: int) -> torch.Tensor:
+def alibi_slopes(num_heads: int, device: torch.device | None = None) -> torch.Tensor:
     """Geometric slopes 2 ** (-8 (i + 1) / n) for n a power of two; otherwise the slopes for the
-    closest lower power of two followed by every other slope of the next power of two. [num_heads]."""
+    closest lower power of two followed by every other slope of the next power of two. [num_heads], made
+    on ``device`` (from Python numbers: nothing is read back from a device)."""
     check_int("num_heads", num_heads, minimum=1)
 
     def power_of_two(n: int) -> list[float]:
@@ -24,7 +25,7 @@ def alibi_slopes(num_heads: int) -> torch.Tensor:
     slopes = power_of_two(lower)
     if lower < num_heads:
         slopes += power_of_two(2 * lower)[0::2][: num_heads - lower]
-    return torch.tensor(slopes, dtype=torch.float32)
+    return torch.tensor(slopes, dtype=torch.float32, device=device)
 
 
 def causal_mask(n: int, device: torch.device | None = None) -> torch.Tensor:
@@ -49,7 +50,7 @@ class Alibi(nn.Module):
         """-> [(B,) heads, N, N] fp32."""
         positions = check_positions(positions).float()
         distance = (positions[..., :, None] - positions[..., None, :]).abs()  # [(B,) N, N]
-        slopes = alibi_slopes(self.num_heads).to(positions.device)
+        slopes = alibi_slopes(self.num_heads, positions.device)
         bias = -slopes[:, None, None] * distance.unsqueeze(-3)
         if self.causal:
             bias = bias + causal_mask(positions.shape[-1], positions.device)
@@ -69,10 +70,10 @@ class Alibi2d(OffsetBias):
     def offset_bias(self, grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
         """-> [heads, 2H-1, 2W-1] fp32, one value per offset (dy, dx)."""
         distance = offsets_2d(check_grid(grid), device).float().norm(dim=-1)  # [2H-1, 2W-1]
-        return -alibi_slopes(self.num_heads).to(distance.device)[:, None, None] * distance
+        return -alibi_slopes(self.num_heads, distance.device)[:, None, None] * distance
 
     def pair_bias(self, offsets: torch.Tensor) -> torch.Tensor:
         """The bias at offsets (dy, dx) [..., 2] in patch units, possibly fractional -> [heads, ...] fp32."""
         distance = offsets.float().norm(dim=-1)
-        slopes = alibi_slopes(self.num_heads).to(distance.device)
+        slopes = alibi_slopes(self.num_heads, distance.device)
         return -slopes.view(-1, *([1] * distance.dim())) * distance

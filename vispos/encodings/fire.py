@@ -19,8 +19,10 @@ normalised per axis, keeping their signs (attention over an image sees both side
 with G_a the grid's size along the axis (its largest offset G_a - 1 plays the role of FIRE's query position,
 the farthest key a query sees), and b_h = MLP(u_y, u_x)_h with the MLP 2 -> ``mlp_width`` -> heads. Inputs lie in
 [-1, 1] on every grid: a grid larger than the threshold is interpolated into the training range, FIRE's rule.
-The threshold is in patches, by default the training grid's longest extent max(H, W) - 1: relative at and
-below the training grid, interpolated beyond it. Prefix tokens take BEiT's learned entries
+The threshold is in patches, by default the training grid's longest extent max(H, W) - 1: at initialisation
+relative at and below the training grid, interpolated beyond it. The threshold is learned by default
+(``L_multiplier``, as FIRE's), so training moves the grid size up to which the bias stays relative;
+``learn_threshold=False`` holds it at the training grid. Prefix tokens take BEiT's learned entries
 (``prefix_entries``), as the other learned biases.
 """
 
@@ -132,14 +134,14 @@ class FireOffsets(FireParameters):
     per_layer=True,
     summary="FIRE in 2D, vispos's form (no source defines one): MLP of signed log (dy, dx), each over the log of "
     "max(grid extent, L)",
-    extrapolation="relative up to the training grid; beyond it interpolated: offsets over the grid's extent, inputs "
-    "in [-1, 1] (tested)",
+    extrapolation="relative up to the threshold L (at init the training grid; learned unless learn_threshold=False); "
+    "beyond it interpolated: offsets over the grid's extent, inputs in [-1, 1] (tested)",
     reference="Li et al. 2024 (FIRE), 2D form defined by vispos",
 )
 class Fire2d(RelativeBias2d):
     """FIRE on the patch grid, vispos's 2D form (module docstring); relative within each grid. ``threshold``
-    None: the training grid's longest extent, max(H, W) - 1, so that the bias is relative at and below the
-    training grid and interpolated beyond it."""
+    None: the training grid's longest extent, max(H, W) - 1, so that at initialisation the bias is relative at and
+    below the training grid and interpolated beyond it; with ``learn_threshold`` (default) training moves it."""
 
     # read by the host: a ragged batch of fractional points is refused with this reason
     cells_only = "its offsets are normalised by their image's grid, which a point between cells does not give"

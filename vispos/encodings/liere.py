@@ -48,7 +48,10 @@ def generator_rotations(coords: torch.Tensor, generators: torch.Tensor) -> torch
         n, per_token = summed.shape[axis], summed[..., 0, :, :, :].numel() if axis else summed[0].numel()
         rows = max(2, EXP_CHUNK // per_token)
         if torch.compiler.is_compiling() or torch.jit.is_tracing() or n <= rows:
-            return torch.linalg.matrix_exp(summed)
+            # a stack of matrices [-1, b, b]: inductor may lay a 5-D exponent out token-major, which the
+            # exponential's kernel cannot view as one batch
+            b = summed.shape[-1]
+            return torch.linalg.matrix_exp(summed.reshape(-1, b, b)).reshape(summed.shape)
         # slices of at least two matrices: matrix_exp takes another approximation for a batch of one
         sizes = [rows] * (n // rows) + ([n % rows] if n % rows else [])
         if sizes[-1] == 1:

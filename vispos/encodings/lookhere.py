@@ -24,10 +24,27 @@ A group lists four fields, one per head of a block of four heads (offsets dy, dx
 | ``eighths1`` / ``eighths2`` | a triangle's left or right half (up, down) or upper or lower half (left, right) |
 | ``zerohalves`` / ``zerocorners`` / ``zerotriangles`` | the fields of halves, corners, triangles, no distance |
 
-Boundaries are inclusive, so every head sees its own token. Heads are dealt to the groups in blocks of four
-(one head per field), the blocks as evenly as possible with earlier groups first and a last, partial block
-taking the first fields of the last group served: 12 heads over two groups are 8 + 4, 16 over three 8 + 4 + 4,
-6 over any two or three groups 4 + 2 (the released code's rules; a group left without heads is dropped).
+Boundaries are inclusive, so every head sees its own token. A directional group's block of four fields looks
+every way between them (for ``eighths1`` / ``eighths2``, the pair of them); fewer of its fields leave some
+offsets to no head of it. The released code (``create_lh_layer_tensor``) deals heads in blocks of four, one head
+per field, the blocks as evenly as possible with earlier groups first, and defines the splits it was run with: one
+group over 4k heads, two to four groups over 12 and 16 heads (12 over two groups 8 + 4, 16 over three 8 + 4 + 4)
+and 6 heads, which it splits 4 + 2 (the second group's first two fields; a third group gets none). vispos follows
+those splits exactly (at 6 heads when the first group is directional, so that its block looks every way) and
+extends the rule to any head count:
+
+- ``num_heads // 4`` whole blocks are dealt as the released code deals them (6 heads: its 4 + 2 split), in the
+  order listed, with two exceptions: when there are fewer blocks than groups the directional groups are dealt
+  first, and a global group that takes the heads left over is dealt last;
+- the ``num_heads % 4`` heads left over go to the first undirected group listed (``none``, ``zero``,
+  ``noneNzeroM``: global heads, which need no block), or else take the first fields of the next group dealt;
+- under 4 heads no block fits, so every head goes to the undirected groups: with none listed no split looks
+  every way, and ``fields`` is refused.
+
+So from 4 heads on the directional heads hold a whole block and together look every way, and a listed global
+group gets a head whenever the heads outnumber the blocks (5, 7, 9 or more heads for ``corners-triangles-none``).
+A group left without heads (4, 6 or 8 heads over three groups) is dropped with a ``UserWarning`` naming each
+head's field.
 
 Head slopes, per run of heads of one group name: directional groups 2^-(1 + j // 4) for the run's j-th head
 (0.5 for the first four); groups without a field (``none``, ``zero``...) 1/4, 1/16, 1/64, 1/256, the first k
@@ -42,6 +59,7 @@ On a larger grid the mask is rebuilt with the same slopes over the longer distan
 
 from __future__ import annotations
 
+import warnings
 from itertools import groupby
 
 import torch
@@ -78,9 +96,46 @@ FILLS = ("inf", "zero", "max")
 _UNDIRECTED_SLOPES = (0.25, 0.0625, 0.015625, 0.00390625)
 
 
+def _undirected(group: str) -> bool:
+    """A group whose fields are all the whole grid (global heads: ``none``, ``zero``, ``noneNzeroM``)."""
+    return all(set(view) <= {"zero"} for view in _BLOCKS[group])
+
+
+def _split(groups: list[str], num_heads: int) -> list[str]:
+    """Each head's group, in head order (module docstring: the released splits, extended to any count)."""
+    blocks, left = divmod(num_heads, 4)
+    if num_heads == 6 and len(groups) > 1 and not _undirected(groups[0]):  # the released split: 4 + 2 of the second
+        return [groups[0]] * 4 + [groups[1]] * 2
+    undirected = [i for i, g in enumerate(groups) if _undirected(g)]
+    order = list(range(len(groups)))  # the dealing order: as listed, but for two turns
+    if blocks < len(groups):  # not every group gets a block: the directional ones first
+        order = [i for i in order if i not in undirected] + undirected
+    if left and undirected:  # the global group that takes the heads left over is dealt its blocks last
+        order = [i for i in order if i != undirected[0]] + [undirected[0]]
+    share = [0] * len(groups)
+    for turn, i in enumerate(order):
+        share[i] = 4 * (blocks // len(groups) + (turn < blocks % len(groups)))
+    if blocks == 0 and not undirected:
+        raise ValueError(
+            f"fields={'-'.join(groups)!r} on {num_heads} head(s): a directional group looks every way only with a "
+            "block of four heads, one per field; under 4 heads use an undirected group ('none', 'zero', "
+            "'none1zero3'...: global heads), or another scheme"
+        )
+    share[undirected[0] if undirected else order[blocks % len(groups)]] += left
+    return [g for g, count in zip(groups, share, strict=True) for _ in range(count)]
+
+
+def _field(view: tuple[str, ...]) -> str:
+    """One head's field in words (warnings): "up & left", "up triangle", "everywhere (no distance)"."""
+    parts = [d.replace("diag_", "").replace("_", " or ") + " triangles" if d.startswith("diag_")
+             else d[4:] + " triangle" if d.startswith("tri_") else d for d in view if d != "zero"]  # fmt: skip
+    return " & ".join(parts or ["everywhere"]) + (" (no distance)" if "zero" in view else "")
+
+
 def head_layout(fields: str, num_heads: int) -> tuple[list[tuple[str, ...]], list[float]]:
     """Each head's field of view (a tuple of direction names) and slope, for ``fields`` such as
-    ``"corners-triangles-none"`` (module docstring: blocks of four heads dealt to the groups)."""
+    ``"corners-triangles-none"`` (module docstring: whole blocks of four heads per directional group, the heads
+    left over to a global group). A group left without heads is said with a ``UserWarning``."""
     if not isinstance(fields, str):
         raise TypeError(f"fields must be a str of groups joined with '-', got {type(fields).__name__} {fields!r}")
     groups = fields.split("-")
@@ -91,14 +146,19 @@ def head_layout(fields: str, num_heads: int) -> tuple[list[tuple[str, ...]], lis
     if unknown:
         raise ValueError(f"fields: unknown group(s) {', '.join(map(repr, unknown))}; accepted, joined with '-': "
                          f"{', '.join(GROUPS)}")  # fmt: skip
-    blocks = -(-num_heads // 4)
-    share = [blocks // len(groups) + (i < blocks % len(groups)) for i in range(len(groups))]
-    names: list[str] = []
+    names = _split(groups, num_heads)
     views: list[tuple[str, ...]] = []
-    for group, count in zip(groups, share, strict=True):
-        for j in range(min(4 * count, num_heads - len(names))):
-            names.append(group)
-            views.append(_BLOCKS[group][j % 4])
+    for group, run in groupby(names):
+        views += [_BLOCKS[group][j % 4] for j in range(len(list(run)))]
+    dropped = [g for g in dict.fromkeys(groups) if g not in names]
+    if dropped:
+        heads = ", ".join(f"head {h}: {_field(v)} ({g})" for h, (g, v) in enumerate(zip(names, views, strict=True)))
+        warnings.warn(
+            f"lookhere2d: fields={fields!r} on {num_heads} head(s) gives {heads}; {', '.join(dropped)} get(s) no "
+            "head (a directional group takes blocks of four heads, one per field): list fewer groups or use more heads",
+            UserWarning,
+            stacklevel=2,
+        )
     slopes: list[float] = []
     for group, run in groupby(names):
         k = len(list(run))

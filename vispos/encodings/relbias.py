@@ -74,7 +74,7 @@ def prefixed_offset_index(
     index = (ys[:, None] - ys[None, :] + (h - 1)) * (2 * w - 1) + (xs[:, None] - xs[None, :] + (w - 1))
     if p == 0:
         return index
-    t = torch.tensor((2 * h - 1) * (2 * w - 1), **i32)
+    t = torch.full((), (2 * h - 1) * (2 * w - 1), **i32)
     prefix = torch.arange(p + h * w, device=device) < p
     query, key = prefix[:, None], prefix[None, :]
     return torch.where(query, torch.where(key, t + 2, t), torch.where(key, t + 1, index))

@@ -52,10 +52,14 @@ def expand_angles(angles: torch.Tensor, layout: str) -> torch.Tensor:
     return angles.repeat_interleave(2, dim=-1)
 
 
+PROMOTING = (torch.float32, torch.bfloat16, torch.float16)  # x rotated as it is, its products fp32
+TABLES = (torch.float32,)  # cos/sin as they are built
+
+
 def _promoting(x: torch.Tensor) -> torch.Tensor:
     """x as the rotation reads it: a float of at most fp32's precision as it is (multiplied by fp32 cos/sin it
     gives fp32, exactly as x.float() would, without a pass that writes an fp32 copy of q or k), else x.float()."""
-    return x if x.dtype in (torch.float32, torch.bfloat16, torch.float16) else x.float()
+    return x if x.dtype in PROMOTING else x.float()
 
 
 def _table(t: torch.Tensor) -> torch.Tensor:
@@ -63,11 +67,37 @@ def _table(t: torch.Tensor) -> torch.Tensor:
     return t if t.dtype in (torch.float32, torch.float64) else t.float()
 
 
+def _eager_inference(*tensors: torch.Tensor) -> bool:
+    """No autograd graph to record and no trace or compile: the rotation may write into its output in place."""
+    traced = torch.compiler.is_compiling() or torch.jit.is_tracing()
+    return not traced and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+
+
+def rotate_half_in_place(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``apply_rope`` in the ``half`` layout in three passes and no rotate-half copy, for eager inference:
+    out = x cos (fp32), then per half a multiply-add of the other half by sin (out[:h] - x2 sin, out[h:] + x1 sin),
+    in place for fp32, or written straight into x's dtype from the fp32 sums for bf16 / fp16 (one rounding, as
+    ``apply_rope``'s final cast). Equal to ``apply_rope`` within an fp32 rounding of the sum."""
+    h = x.shape[-1] // 2
+    cos, sin = _table(cos), _table(sin)
+    x1, x2 = x[..., :h], x[..., h:]
+    products = x * cos  # fp32 (x's dtype at most fp32's precision, the tables fp32)
+    # in the products' layout (x's: the qkv buffer's order, which SDPA's output then follows, so that the heads
+    # are merged afterwards without a copy)
+    out = products if products.dtype == x.dtype else torch.empty_like(products, dtype=x.dtype)
+    torch.addcmul(products[..., :h], x2, sin[..., :h], value=-1, out=out[..., :h])
+    torch.addcmul(products[..., h:], x1, sin[..., h:], out=out[..., h:])
+    return out
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "half") -> torch.Tensor:
     """Rotate x [..., N, d] by per-channel cos/sin [..., N, d] (broadcast); fp32 maths, x's dtype out.
-    The channel shuffle (negation and concatenation, exact) runs in x's dtype; the products promote to fp32."""
+    The channel shuffle (negation and concatenation, exact) runs in x's dtype; the products promote to fp32.
+    In eager inference the ``half`` layout takes ``rotate_half_in_place`` (three passes instead of about ten)."""
     if layout == RFFT:
         return apply_rfft(x, cos, sin)
+    if layout == "half" and x.dtype in PROMOTING and cos.dtype in TABLES and _eager_inference(x, cos, sin):
+        return rotate_half_in_place(x, cos, sin)
     rot = rotate_half if layout == "half" else rotate_interleaved
     xp = _promoting(x)
     return (xp * _table(cos) + rot(xp) * _table(sin)).to(x.dtype)
@@ -108,6 +138,17 @@ def apply_blocks(x: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
     with torch.autocast(x.device.type, enabled=False):  # fp32 under autocast too
         out = torch.einsum("...nmij,...nmj->...nmi", blocks.float(), xb)
     return rearrange(out, "... n m b -> ... n (m b)").to(x.dtype)
+
+
+def stacked_views(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:
+    """q and k as one view [2, ...] of the buffer they share, when k is q shifted by a fixed offset (timm's and
+    transformers' fused qkv projection: q, k, v of one [B, N, 3, heads, d] output); None otherwise."""
+    if q.shape != k.shape or q.stride() != k.stride() or q.dtype != k.dtype or not torch._C._is_alias_of(q, k):
+        return None
+    shift = k.storage_offset() - q.storage_offset()
+    if shift <= 0:
+        return None
+    return q.as_strided((2, *q.shape), (shift, *q.stride()), q.storage_offset())
 
 
 @dataclass
@@ -153,6 +194,9 @@ class Rotary:
                 k, self.cos, self.sin, self.sections
             )
         if self.q_scale is None:
+            joint = stacked_views(q, k) if self.layout == "half" and _eager_inference(q, k, self.cos) else None
+            if joint is not None:  # q and k, two views of one qkv buffer: rotated in one call
+                return apply_rope(joint, self.cos, self.sin, self.layout).unbind(0)
             return apply_rope(q, self.cos, self.sin, self.layout), apply_rope(k, self.cos, self.sin, self.layout)
         qc, qs = self.cos * self.q_scale, self.sin * self.q_scale
         kc, ks = self.cos * self.k_scale, self.sin * self.k_scale

@@ -59,7 +59,11 @@ __all__ = [
 
 
 def rope_inv_freq(dim: int, theta: float) -> torch.Tensor:
-    """Plain RoPE inverse frequencies theta ** (-2i / dim), i < dim / 2, fp32. Shape [dim // 2]."""
+    """Plain RoPE inverse frequencies theta ** (-2i / dim), i < dim / 2, fp32. Shape [dim // 2].
+
+    Made on the host, in float64, as every scaling formula built on it: a function of the settings alone, the
+    same on every device (MPS has no float64); callers copy the [dim / 2] result to the device, and nothing is
+    read back from it (``tests/fake_cuda.py`` lists it as the one host constant of a forward)."""
     return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)).float()
 
 

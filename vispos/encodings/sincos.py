@@ -16,8 +16,8 @@ from ..registry import register
 
 def sincos_1d(positions: torch.Tensor, dim: int, temperature: float = 1e4) -> torch.Tensor:
     """positions [..., N] -> [..., N, dim], sin on even channels and cos on odd ones."""
-    inv_freq = 1.0 / temperature ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
-    angles = positions.double()[..., None] * inv_freq.to(positions.device)  # [..., N, d/2]
+    inv_freq = 1.0 / temperature ** (torch.arange(0, dim, 2, dtype=torch.float64, device=positions.device) / dim)
+    angles = positions.double()[..., None] * inv_freq  # [..., N, d/2]
     return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2).float()
 
 

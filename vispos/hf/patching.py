@@ -56,6 +56,8 @@ def patch(
     additive, attention, conditional = schemes
     adopt = _table_plan(family, table, additive, per_scheme)
     _refuse_flash(attention, config)
+    if family.naflex:
+        hosting.refuse_one_grid(attention, type(vision).__name__, "its batches hold each image at its own grid")
     registers = getattr(embeddings, family.registers).shape[1] if family.registers else 0
     shape = HostShape(config.hidden_size, config.num_attention_heads, layers[0].head_dim, len(layers),
                       len(family.prefix) + registers)  # fmt: skip

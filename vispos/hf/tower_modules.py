@@ -15,6 +15,7 @@ from ..attention import query_mask, sdpa
 from ..host import PositionsHost
 from ..positions import PositionContext
 from ..registry import reset_scheme
+from .inputs import check_image_sizes, check_rows
 
 
 def init_positions(host: nn.Module, module: nn.Module) -> bool:
@@ -48,6 +49,13 @@ class TowerTable:
         return self.weight.new_zeros(*indices.shape, self.weight.shape[-1])
 
 
+def read_sizes(image_sizes: Any) -> list[tuple[int, int]]:
+    """Pixtral's ``image_sizes`` as Python numbers: the packed row's layout, read on the host once per forward
+    (transformers' forward reads them too)."""
+    rows = image_sizes.tolist() if isinstance(image_sizes, torch.Tensor) else image_sizes
+    return [(int(h), int(w)) for h, w in rows]
+
+
 def packed_layout(image_sizes: Any, patch_size: int, device: torch.device) -> tuple[torch.Tensor, ...]:
     """Pixtral's packed row: (cells [1, T, 2] (y, x) of each token in its image, sizes [1, S, 2] each image's grid,
     segments [1, T] its image), as its forward lays the tokens out."""
@@ -76,10 +84,12 @@ class PatchedTower(PositionsHost):
             raise ValueError(f"pixel_values must be an image batch [B, C, H, W], got {got}")
         if image_sizes is None:
             image_sizes = [tuple(pixel_values.shape[-2:])] * pixel_values.shape[0]
+        image_sizes = read_sizes(image_sizes)
         p = self.patch_size
         too_small = [tuple(int(v) for v in s) for s in image_sizes if int(s[0]) < p or int(s[1]) < p]
         if too_small:
             raise ValueError(f"image sizes {too_small} hold no {p}x{p} patch")
+        check_image_sizes(pixel_values, image_sizes)
         cells, sizes, segments = packed_layout(image_sizes, p, pixel_values.device)
         # Pixtral's forward hides the other images with its own block mask: none is built here
         return self.vispos.ragged_context(cells, sizes, segments=segments, separate=True)
@@ -90,6 +100,12 @@ class PatchedTower(PositionsHost):
         ctx = self.vispos_context(pixel_values, image_sizes)
         return super().forward(pixel_values, image_sizes, vispos_context=ctx, **kwargs)
 
+
+
+def segment_lengths(cu_seqlens: torch.Tensor) -> list[int]:
+    """The lengths of the segments (frames or windows) a Qwen-VL layer attends within, read on the host, as the
+    tower's own sdpa and eager attention read them, to split the sequence."""
+    return (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
 
 
 def merged_layout(grid_thw: torch.Tensor, merge: int) -> tuple[torch.Tensor, ...]:
@@ -129,6 +145,7 @@ class PatchedMergedTower(PositionsHost):
     def forward(self, hidden_states: torch.Tensor, grid_thw: torch.Tensor | None = None, **kwargs: Any) -> Any:
         if grid_thw is None:
             raise ValueError("a vispos-patched Qwen-VL vision tower needs grid_thw [N, 3], as its processor gives it")
+        check_rows(hidden_states, grid_thw)
         extra = self.vispos_keywords(grid_thw, kwargs)  # (may take precomputed keywords out of kwargs)
         return super().forward(hidden_states, grid_thw, **extra, **kwargs)
 
@@ -186,7 +203,7 @@ class PatchedPackedAttention:
         if rotary is not None:
             q, k = rotary.rotate(q, k)
         dropout = self.attention_dropout if self.training else 0.0
-        mask, lengths = query_mask(mask, q), (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
+        mask, lengths = query_mask(mask, q), segment_lengths(cu_seqlens)
         outs, start = [], 0
         # each segment attends to itself alone, as in the tower's own attention; split (one cat in the backward),
         # not sliced (a zero-filled gradient of the whole sequence per segment)

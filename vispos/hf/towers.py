@@ -34,7 +34,8 @@ Patched, a tower keeps transformers' forward (its packing, its mask and the outp
 keyword, ``vispos_context``: the packed sequence as a vispos ragged batch (``Positions.ragged_context`` with one
 segment per image or frame, each at the size it has alone), which transformers' layers hand to their attention.
 Pixtral's RoPE module then computes nothing (``NoRope``); the Qwens' are left to compute what no layer reads.
-Attention schemes only: no tower has a hook for vispos's additive or conditional schemes, which are refused by name.
+Attention schemes only: no tower has a hook for vispos's additive or conditional schemes, which are refused by name,
+and the query-dependent biases (decomposed2d, irpe2d), built for one grid, are refused as the towers always pack.
 
 Towers not supported are refused by name (``REFUSED_TOWERS``), with the supported list.
 """
@@ -156,6 +157,7 @@ def patch_tower(tower: nn.Module, pos: Any, inherit: bool, options: dict[str, An
             f"{which} on {type(tower).__name__}: the tower has {has} and no hook for vispos's additive and conditional "
             "schemes; use an attention scheme (rope2d and the other rotary, bias and channel schemes)"
         )
+    hosting.refuse_one_grid(attention, type(tower).__name__, "this tower packs every batch, one segment per image")
     shape, grid = tower_shape(tower, layers)
     positions = hosting.build_positions(shape, schemes, per_scheme, grid, 0, kept)
     tower.vispos = positions.train(tower.training)

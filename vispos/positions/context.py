@@ -60,15 +60,20 @@ class PositionContext:
         p = self.positions.num_prefix_tokens
         if self.ragged is not None:
             rows, count = self.ragged.image.shape
-            built = f"a ragged batch of {rows} row(s) of {count} tokens"
         elif self.tokens is not None:
             rows, count = self.tokens.shape
-            built = f"a token subset of {rows} row(s) of {count} tokens ({p} prefix + {count - p} kept)"
         else:
             rows, count = None, p + self.grid[0] * self.grid[1]
-            built = f"{count} tokens ({p} prefix + a {self.grid[0]}x{self.grid[1]} grid)"
         b, t = x.shape[0], x.shape[1]
         if t != count or (rows is not None and b != rows):
+            # formatted only here: under torch.compile a size formatted into a string is specialised (a recompile
+            # at every new size with dynamic=True)
+            if self.ragged is not None:
+                built = f"a ragged batch of {rows} row(s) of {count} tokens"
+            elif self.tokens is not None:
+                built = f"a token subset of {rows} row(s) of {count} tokens ({p} prefix + {count - p} kept)"
+            else:
+                built = f"{count} tokens ({p} prefix + a {self.grid[0]}x{self.grid[1]} grid)"
             raise ValueError(
                 f"the positional context was built for {built}, the attention got {b} row(s) of {t} tokens: build "
                 "the context for the tokens the blocks see (the grid, keep= or the ragged batch of these rows)"

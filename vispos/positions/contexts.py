@@ -97,9 +97,10 @@ class Contexts:
         frame by frame) or with a block mask of its own (Pixtral's), so no mask hiding the other segments is built
         here (a bias scheme's masks still span the row)."""
         if self.attention_kind == "query_bias":
+            name = next(n for n in self.settings["pos"] if get_info(n, ndim=2).kind == "query_bias")
             raise ValueError(
-                f"{self.settings['pos']}: a query-dependent bias (decomposed2d) is built for one grid; ragged and "
-                "packed batches are not supported: run each image size as a batch of its own"
+                f"{name}: a query-dependent bias is built for one grid; ragged and packed batches are not supported: "
+                "run each image size as a batch of its own"
             )
         layout = ragged_layout(coords, sizes, valid=valid, segments=segments, num_prefix_tokens=self.num_prefix_tokens,
                                per_image=self._draws_per_forward())  # fmt: skip
@@ -150,7 +151,7 @@ class Contexts:
                 return (
                     f"{name} is defined at integer grid cells only ({why}): "
                     "fractional coordinates are refused; round them to cells, or use a scheme defined between "
-                    "cells (cpb2d, alibi2d, the rotary schemes, sincos2d, learned2d)"
+                    "cells (cpb2d, alibi2d, lookhere2d, irpe2d_bias, pape2d, the rotary schemes, sincos2d, learned2d)"
                 )
         if self.conditional is not None and self.enabled:
             return (

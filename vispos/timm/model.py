@@ -115,10 +115,11 @@ class PatchedViT(PositionsHost):
         keep_signatures(cls, next(c for c in cls.__mro__ if c.__module__.startswith("timm.")))
 
     def no_weight_decay(self) -> set[str]:
-        """timm's own (tokens) plus every positional parameter: tables, prefix entries, the cpb2d MLP and
-        RoPE-Mixed frequencies are not decayed (as timm, Swin and RoPE-ViT treat theirs)."""
+        """timm's own (tokens) plus the positional parameters: tables, prefix entries, the cpb2d MLP and
+        RoPE-Mixed frequencies are not decayed (as timm, Swin and RoPE-ViT treat theirs); pape2d's projections are
+        (as its release trains them, ``PositionsHost.positional_no_weight_decay``)."""
         own = {n for n in super().no_weight_decay() if n != "pos_embed"}  # pos_embed is gone
-        return own | {f"vispos.{name}" for name, _ in self.vispos.named_parameters()}
+        return own | self.positional_no_weight_decay()
 
     def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
         """timm's groups, with per-layer positional parameters in their block, a conditional scheme in the

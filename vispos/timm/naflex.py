@@ -52,7 +52,7 @@ class PatchedNaFlexVit(PositionsHost, NaFlexVit):
 
     def no_weight_decay(self) -> set[str]:
         own = {n for n in super().no_weight_decay() if not n.startswith("embeds.pos_embed")}
-        return own | {f"vispos.{name}" for name, _ in self.vispos.named_parameters()}
+        return own | self.positional_no_weight_decay()
 
     def forward_features(
         self,

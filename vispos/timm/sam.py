@@ -122,7 +122,7 @@ class PatchedSam(PositionsHost, VisionTransformerSAM):
 
     def no_weight_decay(self) -> set[str]:
         own = {n for n in super().no_weight_decay() if n != "pos_embed"}  # pos_embed is gone
-        return own | {f"vispos.{name}" for name, _ in self.vispos.named_parameters()}
+        return own | self.positional_no_weight_decay()
 
     def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
         return positional_groups(super().group_matcher(coarse), self.vispos)

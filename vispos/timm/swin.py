@@ -213,8 +213,8 @@ class PatchedSwin(PositionsHost):
             resize_stage(positions, tuple(stage.blocks[0].window_size), follow_window=follow)
 
     def no_weight_decay(self) -> set[str]:
-        """timm's own (Swin V2's ``logit_scale``) plus every positional parameter."""
-        return set(super().no_weight_decay()) | {f"vispos.{name}" for name, _ in self.vispos.named_parameters()}
+        """timm's own (Swin V2's ``logit_scale``) plus the positional parameters (``positional_no_weight_decay``)."""
+        return set(super().no_weight_decay()) | self.positional_no_weight_decay()
 
     def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
         """timm's groups; per-block positional modules with their block, per-stage ones with the stage's
