@@ -124,7 +124,7 @@ def test_the_channels_compute_the_parabolas_of_the_offset() -> None:
     points = torch.rand(2, 9, 2, dtype=torch.float64) * 6
     x = torch.randn(2, 9, 12, dtype=torch.float64)
     origin = torch.tensor([2.0, 1.0], dtype=torch.float64)
-    channels = ParabolaChannels(points, origin, pape.position.weight, pape.ab, 3, 5, pape.pad).bind(x)
+    channels = ParabolaChannels(points, origin, pape.position, pape.ab, 3, 5, pape.pad).bind(x)
     u = points @ pape.position.weight.T  # [B, T, heads P], from the points themselves (no origin)
     u = u.view(2, 9, 3, 5).transpose(1, 2)
     ab = pape.ab(x).view(2, 9, 2, 3, 5).permute(2, 0, 3, 1, 4)
@@ -136,7 +136,7 @@ def test_the_channels_compute_the_parabolas_of_the_offset() -> None:
     torch.testing.assert_close(got, paper, rtol=1e-9, atol=1e-9)
     torch.testing.assert_close(channels.bias().double(), paper, rtol=1e-9, atol=1e-9)
     shifted = ParabolaChannels(points + torch.tensor([3.5, -2.0], dtype=torch.float64), origin * 0,
-                               pape.position.weight, pape.ab, 3, 5, pape.pad).bind(x)  # fmt: skip
+                               pape.position, pape.ab, 3, 5, pape.pad).bind(x)  # fmt: skip
     torch.testing.assert_close(shifted.bias().double(), paper, rtol=1e-9, atol=1e-9)
 
 

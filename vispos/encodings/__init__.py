@@ -31,7 +31,9 @@ schemes) when ``vispos`` is. The contract:
   table); a bias may hold ``prefix_bias`` [3, heads] (prefix->patch, patch->prefix, prefix->prefix
   entries; without it prefix rows and columns get zero bias) and define ``offset_bias(grid, device)``
   -> [heads, 2H-1, 2W-1], its value per offset (dy, dx), which ``attention="flex"`` looks up instead of
-  building the [heads, N, N] mask.
+  building the [heads, N, N] mask (such a bias derives from ``relbias.OffsetBias``, whose call hands both to
+  the host). A scheme reads its weights only in the call of the module that holds them: offloading hooks
+  (accelerate's ``cpu_offload``, ``disk_offload``) bring a module's weights in around its own call only.
 
 ``pytest tests/test_registry.py tests/test_properties.py`` then covers the new scheme (shapes, dtypes,
 gradients, patching every timm model kind, declared relative property) with no test edits.

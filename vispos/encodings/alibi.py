@@ -9,7 +9,7 @@ from torch import nn
 
 from .._validate import check_bool, check_grid, check_int, check_positions
 from ..registry import register
-from .relbias import bias_from_offsets, offsets_2d
+from .relbias import OffsetBias, offsets_2d
 
 
 def alibi_slopes(num_heads: int, device: torch.device | None = None) -> torch.Tensor:
@@ -60,7 +60,7 @@ class Alibi(nn.Module):
 @register("alibi2d", ndim=2, kind="bias", trainable=False, relative=True, context=("num_heads",),
     summary="ALiBi on the Euclidean patch distance, per-head slopes", extrapolation="any grid (distance penalty)",
     reference="Press et al. 2022 (ALiBi), 2D form")
-class Alibi2d(nn.Module):
+class Alibi2d(OffsetBias):
     """ALiBi on the Euclidean distance between patches: -m_h * sqrt(dy^2 + dx^2)."""
 
     def __init__(self, *, num_heads: int) -> None:
@@ -77,7 +77,3 @@ class Alibi2d(nn.Module):
         distance = offsets.float().norm(dim=-1)
         slopes = alibi_slopes(self.num_heads, distance.device)
         return -slopes.view(-1, *([1] * distance.dim())) * distance
-
-    def forward(self, grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
-        """-> [heads, HW, HW] fp32."""
-        return bias_from_offsets(self.offset_bias(grid, device), check_grid(grid))

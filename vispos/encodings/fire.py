@@ -34,7 +34,7 @@ from torch import nn
 from .._validate import check_bool, check_float, check_grid, check_int, check_positions
 from ..registry import register
 from .alibi import causal_mask
-from .relbias import RelativeBias2d, bias_from_offsets, offsets_2d
+from .relbias import RelativeBias2d, offsets_2d
 
 
 def log_distance(x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
@@ -106,6 +106,24 @@ class Fire(FireParameters):
         return bias
 
 
+class FireOffsets(FireParameters):
+    """FIRE's parameters in 2D: the bias of every offset of a grid, computed in this module's own call (where
+    offloading hooks bring its weights in)."""
+
+    def inputs(self, offsets: torch.Tensor, extent: torch.Tensor) -> torch.Tensor:
+        """Offsets (dy, dx) [..., 2] on a grid whose largest offsets are ``extent`` (H - 1, W - 1) -> the MLP's
+        inputs [..., 2] fp32, in [-1, 1]."""
+        normaliser = log_distance(torch.maximum(extent.float(), self.threshold), self.c) + self.eps  # [2]
+        offsets = offsets.float()
+        return torch.sign(offsets) * log_distance(offsets, self.c) / normaliser
+
+    def forward(self, grid: tuple[int, int]) -> torch.Tensor:
+        """-> [heads, 2H-1, 2W-1] fp32, one value per offset (dy, dx) = query - key."""
+        offsets = offsets_2d(check_grid(grid), self.c.device)  # [2H-1, 2W-1, 2]
+        extent = offsets[-1, -1]  # (H - 1, W - 1), read off the offsets: sizes stay symbolic under export
+        return self.heads(self.inputs(offsets, extent))
+
+
 @register(
     "fire2d",
     ndim=2,
@@ -134,22 +152,8 @@ class Fire2d(RelativeBias2d):
         super().__init__(num_heads, train_grid, num_prefix_tokens, prefix_entries)
         if threshold is None:
             threshold = float(max(max(self.train_grid) - 1, 1))
-        self.fire = FireParameters(2, self.num_heads, mlp_width, init_c, threshold, learn_threshold, eps)
-
-    def inputs(self, offsets: torch.Tensor, extent: torch.Tensor) -> torch.Tensor:
-        """Offsets (dy, dx) [..., 2] on a grid whose largest offsets are ``extent`` (H - 1, W - 1) -> the MLP's
-        inputs [..., 2] fp32, in [-1, 1]."""
-        fire = self.fire
-        normaliser = log_distance(torch.maximum(extent.float(), fire.threshold), fire.c) + fire.eps  # [2]
-        offsets = offsets.float()
-        return torch.sign(offsets) * log_distance(offsets, fire.c) / normaliser
+        self.fire = FireOffsets(2, self.num_heads, mlp_width, init_c, threshold, learn_threshold, eps)
 
     def offset_bias(self, grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
         """-> [heads, 2H-1, 2W-1] fp32, one value per offset (dy, dx) = query - key."""
-        offsets = offsets_2d(check_grid(grid), self.fire.c.device)  # [2H-1, 2W-1, 2]
-        extent = offsets[-1, -1]  # (H - 1, W - 1), read off the offsets: sizes stay symbolic under export
-        return self.fire.heads(self.inputs(offsets, extent))
-
-    def forward(self, grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
-        """-> [heads, HW, HW] fp32."""
-        return bias_from_offsets(self.offset_bias(grid, device), check_grid(grid))
+        return self.fire(check_grid(grid))

@@ -52,7 +52,7 @@ from torch import nn
 from .._validate import check_bool, check_choice, check_float, check_grid, check_int
 from ..registry import register
 from .irpe_buckets import METHODS, bucket_ids, num_buckets
-from .relbias import bias_from_offsets, offsets_2d, prefixed_offset_index, relative_index_2d
+from .relbias import OffsetBias, offsets_2d, prefixed_offset_index, relative_index_2d
 
 SIDES = ("k",)
 
@@ -167,7 +167,12 @@ class _Table(nn.Module):
 
     def __init__(self, name: str, shape: tuple[int, ...], init_std: float) -> None:
         super().__init__()
+        self.name = name
         self.register_parameter(name, _new_table(shape, init_std))
+
+    def forward(self) -> torch.Tensor:
+        """The table, read in this module's own call (where offloading hooks bring it in)."""
+        return getattr(self, self.name)
 
 
 class BucketTables(nn.Module):
@@ -194,7 +199,7 @@ class BucketTables(nn.Module):
     def tables(self) -> tuple[torch.Tensor, ...]:
         """The tables, one per component: (rows, columns) for cross, else one."""
         if self.method == "cross":
-            return (getattr(self.rp_rows, self.table_name), getattr(self.rp_cols, self.table_name))
+            return (self.rp_rows(), self.rp_cols())  # through their calls: offloading hooks bring them in
         return (getattr(self, self.table_name),)
 
     def extra_repr(self) -> str:
@@ -258,7 +263,7 @@ class Irpe2d(BucketTables):
     extrapolation=EXTRAPOLATION,
     reference="Wu et al. 2021 (iRPE)",
 )
-class IrpeBias2d(BucketTables):
+class IrpeBias2d(OffsetBias, BucketTables):
     """iRPE in bias mode, one per layer (module docstring): the bias given per offset (``offset_bias``), at any
     offset (``pair_bias``), and for the prefix tokens (``prefix_bias``, the prefix bucket)."""
 
@@ -288,7 +293,3 @@ class IrpeBias2d(BucketTables):
         """The bias at offsets (dy, dx) = query - key [..., 2] in patch units, possibly fractional -> [heads, ...]:
         the released piecewise index at float offsets."""
         return self._values(bucket_ids(offsets.to(self.tables()[0].device), self.method, self.ratio))
-
-    def forward(self, grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
-        """-> [heads, HW, HW]."""
-        return bias_from_offsets(self.offset_bias(grid, device), check_grid(grid))

@@ -63,11 +63,10 @@ import warnings
 from itertools import groupby
 
 import torch
-from torch import nn
 
 from .._validate import check_choice, check_float, check_grid, check_int
 from ..registry import register
-from .relbias import bias_from_offsets, offsets_2d
+from .relbias import OffsetBias, offsets_2d
 
 # bfloat16's largest value: the released code's "infinite" penalty (finite in fp32, bf16 and as a float mask).
 MASKED = torch.finfo(torch.bfloat16).max
@@ -238,7 +237,7 @@ def lookhere_bias(
     extrapolation="mask rebuilt for the new grid: the same slopes over the longer distances (the released rule)",
     reference="Fuller et al. 2024 (LookHere)",
 )
-class LookHere2d(nn.Module):
+class LookHere2d(OffsetBias):
     """LookHere's mask for one layer (module docstring). Defaults: LH-90 as released (global slope 2, layer
     slopes from 1.5 to 0.5, ``"corners-triangles-none"``). ``head_slopes`` replaces the per-head slopes."""
 
@@ -291,10 +290,6 @@ class LookHere2d(nn.Module):
     def pair_bias(self, offsets: torch.Tensor) -> torch.Tensor:
         """The bias at offsets (dy, dx) = query - key [..., 2] in patch units, possibly fractional -> [heads, ...]."""
         return lookhere_bias(offsets, self.views, self.slopes, distance=self.distance, fill=self.fill)
-
-    def forward(self, grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
-        """-> [heads, HW, HW] fp32."""
-        return bias_from_offsets(self.offset_bias(grid, device), check_grid(grid))
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, layer={self.layer}/{self.depth}, slope={self.layer_slope:.4g}"

@@ -61,6 +61,23 @@ def _at_least_fp32(t: torch.Tensor) -> torch.Tensor:
     return t if t.dtype in (torch.float32, torch.float64) else t.float()
 
 
+class PointLinear(nn.Linear):
+    """``position``: points [..., 2] -> coordinates along the parabolas [..., heads P], in at least fp32. Its weight
+    is read in its own call (where offloading hooks bring it in)."""
+
+    def forward(self, points: torch.Tensor) -> torch.Tensor:
+        weight = _at_least_fp32(self.weight)
+        return points.to(weight.dtype) @ weight.T
+
+
+class InputLinear(nn.Linear):
+    """``ab``: the attention's input [..., width] -> curvatures and slopes [..., 2 heads P], in the input's dtype
+    (autocast: its own). Its weight is read in its own call (where offloading hooks bring it in)."""
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return F.linear(inputs, self.weight.to(inputs.dtype))
+
+
 @dataclass
 class ParabolaChannels:
     """A layer's PaPE channels awaiting the attention's input: ``rotate(q, k)`` appends them (module docstring).
@@ -73,8 +90,8 @@ class ParabolaChannels:
 
     points: torch.Tensor
     origin: torch.Tensor  # [2] or [B, T, 2]: subtracted from every point of its image (the logits do not change)
-    position: torch.Tensor  # [heads P, 2]
-    ab: nn.Linear
+    position: PointLinear  # weight [heads P, 2]
+    ab: InputLinear  # weight [2 heads P, width]
     num_heads: int
     parabolas: int
     pad: int  # zero channels appended after the 3P + 2
@@ -110,8 +127,7 @@ class ParabolaChannels:
         """u [1 or B, heads, T, P] (fp32, or fp64 for fp64 weights): each token's coordinate along each parabola."""
         points = self.points - self.origin  # about the image's centre: smaller u, less cancellation in the channels
         points = points if points.dim() == 3 else points[None]
-        weight = _at_least_fp32(self.position)
-        u = points.to(weight.dtype) @ weight.T  # [1 or B, T, heads P]
+        u = self.position(points)  # [1 or B, T, heads P]
         return u.unflatten(-1, (self.num_heads, self.parabolas)).transpose(1, 2)
 
     def shapes(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -122,7 +138,7 @@ class ParabolaChannels:
                 "PositionContext.layer(index, dtype, inputs=x)"
             )
         b, t, _ = self.inputs.shape
-        ab = F.linear(self.inputs, self.ab.weight.to(self.inputs.dtype))  # the inputs' dtype (autocast: its own)
+        ab = self.ab(self.inputs)  # the inputs' dtype (autocast: its own)
         ab = _at_least_fp32(ab).view(b, t, 2, self.num_heads, self.parabolas).permute(2, 0, 3, 1, 4)
         return F.softplus(ab[0]), ab[1]
 
@@ -184,8 +200,8 @@ class Pape2d(nn.Module):
         self.parabolas = check_int("parabolas", parabolas, minimum=1)
         self.normalize = check_bool("normalize", normalize)
         self.pad_to = check_int("pad_to", pad_to, minimum=1)
-        self.position = nn.Linear(2, self.num_heads * self.parabolas, bias=False)
-        self.ab = nn.Linear(width, 2 * self.num_heads * self.parabolas, bias=False)
+        self.position = PointLinear(2, self.num_heads * self.parabolas, bias=False)
+        self.ab = InputLinear(width, 2 * self.num_heads * self.parabolas, bias=False)
 
     @property
     def pad(self) -> int:
@@ -196,7 +212,12 @@ class Pape2d(nn.Module):
     def channels_at(self, points: torch.Tensor, origin: torch.Tensor) -> ParabolaChannels:
         """The channels of tokens at ``points`` [T, 2] or [B, T, 2] (x, y) measured from ``origin``, before the
         inputs are bound."""
-        return ParabolaChannels(points, origin, self.position.weight, self.ab, self.num_heads, self.parabolas, self.pad)
+        return ParabolaChannels(points, origin, self.position, self.ab, self.num_heads, self.parabolas, self.pad)
+
+    def _device(self, given: torch.device | None) -> torch.device:
+        """The weights' device; ``given`` (the tokens') where they are offloaded (meta between their calls)."""
+        weight = self.position.weight
+        return given if weight.is_meta and given is not None else weight.device
 
     def centre(self, hw: torch.Tensor) -> torch.Tensor:
         """The centre (x, y) of a grid of (H, W) ``hw`` [..., 2], in the points' units."""
@@ -209,7 +230,7 @@ class Pape2d(nn.Module):
         """-> the channels of ``grid``'s patches, row-major; ``cells`` [N, 2] (y, x) points in patch units (0-based,
         possibly fractional): those instead of every cell."""
         grid = check_grid(grid)
-        device = self.position.weight.device
+        device = self._device(device)
         origin = self.centre(torch.tensor(grid, device=device))
         if cells is None:
             return self.channels_at(grid_points(grid, device, self.normalize), origin)
@@ -222,7 +243,7 @@ class Pape2d(nn.Module):
         """The channels of a ragged or packed batch (``vispos.ragged.RaggedLayout``'s ``yx``, ``hw`` and ``prefix``,
         [B, T, 2], [B, T, 2], [B, T]): each patch token at its point of its own image's grid (as that image alone),
         prefix tokens at (0, 0) -> points [B, T, 2]."""
-        device = self.position.weight.device
+        device = self._device(yx.device)
         points = yx.to(device=device, dtype=torch.float32).flip(-1) + 1
         if self.normalize:
             points = points / hw.flip(-1).to(points)

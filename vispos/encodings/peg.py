@@ -49,6 +49,16 @@ def peg_2d_subset(
     return peg_2d(full, grid, weight, bias).gather(1, index)
 
 
+class TokenConv(nn.Conv2d):
+    """PEG's depthwise convolution, called on patch tokens: its weights are read in its own call (where offloading
+    hooks bring them in). x [B, H*W, C] -> x + conv(x); ``keep`` [B, K]: x [B, K, C] holds only those cells."""
+
+    def forward(self, x: torch.Tensor, grid: tuple[int, int], keep: torch.Tensor | None = None) -> torch.Tensor:
+        if keep is None:
+            return peg_2d(x, grid, self.weight, self.bias)
+        return peg_2d_subset(x, keep, grid, self.weight, self.bias)
+
+
 @register("peg2d", ndim=2, kind="conditional", trainable=True, relative=False, context=("dim",),
     summary="CPVT's PEG: x + depthwise k x k conv of the patch tokens on their grid, after block `after`; "
     "equals timm's twins.PosConv (tested)",
@@ -57,7 +67,7 @@ def peg_2d_subset(
 class Peg2d(nn.Module):
     """PEG: tokens [B, P + H*W, C] -> the same with x + DWConv(x) on the patch tokens; prefix untouched.
 
-    ``proj`` is a ``Conv2d(dim, dim, kernel_size, padding=kernel_size // 2, groups=dim)``, as timm's
+    ``proj`` is a ``Conv2d(dim, dim, kernel_size, padding=kernel_size // 2, groups=dim)`` (``TokenConv``), as timm's
     ``PosConv.proj[0]``, so weights move between the two as they are. ``after``: the block whose output
     it transforms (read by the host: ``vispos.patch``).
     """
@@ -70,7 +80,7 @@ class Peg2d(nn.Module):
             raise ValueError(f"kernel_size must be odd (the grid keeps its size), got {kernel_size}")
         self.after = check_int("after", after, minimum=0)
         k = self.kernel_size
-        self.proj = nn.Conv2d(self.dim, self.dim, k, padding=k // 2, groups=self.dim, bias=True)
+        self.proj = TokenConv(self.dim, self.dim, k, padding=k // 2, groups=self.dim, bias=True)
 
     def forward(
         self,
@@ -88,10 +98,7 @@ class Peg2d(nn.Module):
             held = f"{h}x{w} grid" if tokens is None else f"subset of {expected - p} patches"
             raise ValueError(f"{x.shape[1]} tokens do not fit {p} prefix tokens + a {held}")
         prefix, patches = x[:, :p], x[:, p:]
-        if tokens is None:
-            out = peg_2d(patches, (h, w), self.proj.weight, self.proj.bias)
-        else:
-            out = peg_2d_subset(patches, tokens[:, p:] - p, (h, w), self.proj.weight, self.proj.bias)
+        out = self.proj(patches, (h, w), None if tokens is None else tokens[:, p:] - p)
         return torch.cat((prefix, out), dim=1)
 
     def extra_repr(self) -> str:

@@ -104,7 +104,33 @@ def prefix_bias(num_heads: int, num_prefix_tokens: int, prefix_entries: bool) ->
     return nn.Parameter(torch.zeros(3, num_heads))
 
 
-class RelativeBias2d(nn.Module):
+class OffsetBias(nn.Module):
+    """The call of a bias given per offset: ``offset_bias(grid, device)`` [heads, 2H-1, 2W-1], ``pair_bias(offsets)``
+    at any offsets (dy, dx) [..., 2] -> [heads, ...], and BEiT's ``prefix_bias`` [3, heads] if the scheme has it.
+
+    The host reads them through the call, never as attributes: hooks that bring a module's weights in around its
+    own call (accelerate's ``cpu_offload`` / ``disk_offload``, device maps with offloading) then see every read.
+
+    - ``module(grid, device)``: the bias of every pair of patches, [heads, HW, HW];
+    - ``module(grid, device, per_offset=True)``: (``offset_bias``, ``prefix_bias`` or None);
+    - ``module(offsets=offsets)``: (``pair_bias(offsets)``, ``prefix_bias`` or None)."""
+
+    def forward(
+        self,
+        grid: tuple[int, int] | None = None,
+        device: torch.device | None = None,
+        *,
+        per_offset: bool = False,
+        offsets: torch.Tensor | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor | None]:
+        entries = getattr(self, "prefix_bias", None)
+        if offsets is not None:
+            return self.pair_bias(offsets), entries
+        values = self.offset_bias(check_grid(grid), device)  # [heads, 2H-1, 2W-1]
+        return (values, entries) if per_offset else bias_from_offsets(values, check_grid(grid))
+
+
+class RelativeBias2d(OffsetBias):
     """What the relative biases share: heads, the training grid and BEiT's prefix entries
     (``prefix_entries``, on by default where the model has prefix tokens)."""
 
@@ -158,10 +184,6 @@ class RelBias2d(RelativeBias2d):
         key = f"{prefix}table"
         if key in state:
             state[key] = resize_table(state[key], old_grid, new_grid, self.resize)
-
-    def forward(self, grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
-        """-> [heads, HW, HW]."""
-        return bias_from_offsets(self.offset_bias(grid, device), check_grid(grid))
 
 
 def log_spaced_offsets(grid: tuple[int, int], train_grid: tuple[int, int], device: torch.device | None = None):
@@ -267,12 +289,13 @@ class ContinuousBias2d(RelativeBias2d):
     def offset_bias(self, grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
         """-> [heads, 2H-1, 2W-1] fp32, one value per offset: the MLP evaluated at the offsets of ``grid``."""
         grid = check_grid(grid)
-        weight = self.mlp[0].weight
+        weight = self.mlp[0].weight  # its dtype (on the meta device between calls when offloaded: not its device)
+        device = weight.device if device is None else device
         if self.coords == "swin":  # SwinV2's table, built as it builds it
             scale = self.offset_grid if self.offset_scale == "train" else grid
-            inputs = log_spaced_offsets(grid, scale, weight.device)
+            inputs = log_spaced_offsets(grid, scale, device)
         else:
-            inputs = log_offsets(offsets_2d(grid, weight.device))
+            inputs = log_offsets(offsets_2d(grid, device))
         return self._bias(self.mlp(inputs.to(weight.dtype)).permute(2, 0, 1))  # [heads, 2H-1, 2W-1]
 
     def pair_bias(self, offsets: torch.Tensor) -> torch.Tensor:
@@ -280,7 +303,3 @@ class ContinuousBias2d(RelativeBias2d):
         [heads, ...] fp32: the MLP at their log-spaced form, as at the offsets of a grid."""
         weight = self.mlp[0].weight
         return self._bias(self.mlp(self._inputs(offsets, None).to(weight.dtype)).movedim(-1, 0))
-
-    def forward(self, grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
-        """-> [heads, HW, HW] fp32."""
-        return bias_from_offsets(self.offset_bias(grid, device), check_grid(grid))

@@ -305,7 +305,8 @@ class Rope2dMixed(nn.Module):
         all layers' frequencies, one cos and one sin, instead of a dozen small kernels per layer (timm's
         RoPE-Mixed batches its layers the same way). The same elementwise maths as ``forward``, so each slice
         equals that layer's ``forward`` bit for bit. None where a layer must be evaluated on its own: coordinate
-        augmentation in training (each layer draws its own frame), or a grid whose stacked tensors would pass
+        augmentation in training (each layer draws its own frame), frequencies offloaded (accelerate's hooks
+        bring a layer's in around its own call only), or a grid whose stacked tensors would pass
         ``STACK_LIMIT`` elements (there the kernels are large and one layer's rotation at a time keeps memory
         at one layer's)."""
         first = layers[0]
@@ -313,6 +314,8 @@ class Rope2dMixed(nn.Module):
         if len(layers) * heads * tokens * first.dim > STACK_LIMIT:
             return None
         if first.training and any(layer.augment.active for layer in layers):
+            return None
+        if any(layer.freqs.is_meta for layer in layers):  # offloaded: each layer's call brings its own in
             return None
         yx = grid_coords(check_grid(grid), first.coords, device, offset=first.offset)
         xy = frame_coords(yx, "xy", first.augment, False, first.coords == "normalized")  # [HW, 2]

@@ -38,12 +38,16 @@ class LayerOutputs:
             out = module(grid, device).with_prefix(self.num_prefix_tokens)
             return out if tokens is None else out.take(tokens)
         if ctx.bias_index is not None:  # [P + HW, P + HW], or the subset's [B, M, M]
-            values = module.offset_bias(grid, device)  # [heads, 2H-1, 2W-1]
+            values, entries = module(grid, device, per_offset=True)  # [heads, 2H-1, 2W-1], [3, heads] or None
             if dtype is not None and ctx.user_mask is None and not (torch.is_grad_enabled() and values.requires_grad):
                 values = values.to(dtype)  # a cast commutes with the gather: one pass over the mask, not two
-            mask = bias_mask(values, getattr(module, "prefix_bias", None), ctx.bias_index)
+            mask = bias_mask(values, entries, ctx.bias_index)
             return mask[None] if tokens is None else mask.transpose(0, 1)
-        mask = self._with_prefix(module(grid, device), module)  # [heads, P + HW, P + HW]
+        if hasattr(module, "offset_bias"):  # no shared index (FlexAttention set, SDPA run): read through the call
+            index = prefixed_offset_index(grid, self.num_prefix_tokens, device)
+            mask = bias_mask(*module(grid, device, per_offset=True), index)  # [heads, P + HW, P + HW]
+        else:
+            mask = self._with_prefix(module(grid, device), module)  # [heads, P + HW, P + HW]
         if tokens is None:
             return mask[None]
         return mask[:, tokens[:, :, None], tokens[:, None, :]].transpose(0, 1)  # [B, heads, M, M]
@@ -62,19 +66,20 @@ class LayerOutputs:
                     for size, here in zip(layout.sizes, layout.points(), strict=True)
                 ]
                 return concat_rotations(rows).take(layout.point_index(p))
-            return layout.pair_mask(module.pair_bias(layout.offsets()), getattr(module, "prefix_bias", None))
+            return layout.pair_mask(*module(offsets=layout.offsets()))  # (bias [heads, B, T, T], prefix entries)
         if self.attention_kind == "rotary":
             rows = [module(size, ctx.device).with_prefix(p) for size in layout.sizes]
             return concat_rotations(rows).take(layout.table_index(p))
         if ctx.bias_index is None:  # FlexAttention was set, but this layer runs SDPA (CPU training)
             ctx.bias_index = layout.offset_index()
-        return bias_mask(self._size_offsets(module, ctx), getattr(module, "prefix_bias", None), ctx.bias_index
-                         ).transpose(0, 1)  # fmt: skip
+        return bias_mask(*self._size_offsets(module, ctx), ctx.bias_index).transpose(0, 1)
 
     @staticmethod
-    def _size_offsets(module: nn.Module, ctx: PositionContext) -> torch.Tensor:
-        """A ragged batch's per-offset bias values [heads, sum over sizes of (2H-1)(2W-1)], sizes in turn."""
-        return torch.cat([module.offset_bias(size, ctx.device).flatten(1) for size in ctx.ragged.sizes], dim=1)
+    def _size_offsets(module: nn.Module, ctx: PositionContext) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A ragged batch's per-offset bias values [heads, sum over sizes of (2H-1)(2W-1)], sizes in turn, and the
+        scheme's prefix entries [3, heads] (or None), each read through the module's call."""
+        per_size = [module(size, ctx.device, per_offset=True) for size in ctx.ragged.sizes]
+        return torch.cat([values.flatten(1) for values, _ in per_size], dim=1), per_size[0][1]
 
     def _with_prefix(self, bias: torch.Tensor, module: nn.Module) -> torch.Tensor:
         """Patch bias [heads, HW, HW] -> [heads, P + HW, P + HW], for a bias scheme without ``offset_bias``.
@@ -165,13 +170,12 @@ class LayerOutputs:
         if not self._flex_ready(ctx):
             return None
         module, layout = self._module(index), ctx.ragged
-        entries = getattr(module, "prefix_bias", None)
         if layout is None:
-            values = with_prefix_entries(module.offset_bias(ctx.grid, ctx.device), entries)
+            values = with_prefix_entries(*module(ctx.grid, ctx.device, per_offset=True))
             if ctx.grid_tensor is None:  # one host-to-device copy per forward, not per layer
                 ctx.grid_tensor = torch.tensor(ctx.grid, device=ctx.device)
             return FlexBias(offset_score_mod(values, ctx.grid_tensor, self.num_prefix_tokens), sized=((values, 1),))
-        values = with_prefix_entries(self._size_offsets(module, ctx), entries)
+        values = with_prefix_entries(*self._size_offsets(module, ctx))
         score_mod, sized = layout.flex_score_mod(values)  # padding and other images hidden by the score_mod
         return FlexBias(score_mod, None, sized)
 

@@ -48,6 +48,7 @@ from .model import (
     adopt_timm_checkpoint,
     conditional_tokens,
     embed_tokens,
+    keep_signatures,
     position_context,
     positional_groups,
     refuse_unplaced,
@@ -336,3 +337,6 @@ def adopt_beit_checkpoint(model: PatchedBeit, state_dict: dict[str, Any], prefix
 
 
 __all__ = ["PatchedBeit", "PatchedBeitAttention", "patch_beit"]
+
+
+keep_signatures(PatchedBeit, Beit)  # its forwards under timm's signatures

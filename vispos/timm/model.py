@@ -15,6 +15,7 @@ symbolic trace cannot, and run as one graph node each.
 from __future__ import annotations
 
 import importlib
+import inspect
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -106,7 +107,12 @@ torch.fx.wrap("conditional_tokens")
 
 
 class PatchedViT(PositionsHost):
-    """Mixin placed before the timm class: positions from ``self.vispos`` instead of timm's own."""
+    """Mixin placed before the timm class: positions from ``self.vispos`` instead of timm's own. Each class made
+    with it keeps the signatures of the timm forwards it replaces (``keep_signatures``)."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        keep_signatures(cls, next(c for c in cls.__mro__ if c.__module__.startswith("timm.")))
 
     def no_weight_decay(self) -> set[str]:
         """timm's own (tokens) plus the positional parameters: tables, prefix entries, the cpb2d MLP and
@@ -290,6 +296,29 @@ _PREFIX = "Patched["
 def _pickle_name(base: type) -> str:
     """A name without dots (pickle splits on them) that says which timm class to rebuild."""
     return f"{_PREFIX}{base.__module__.replace('.', '/')}:{base.__qualname__.replace('.', '/')}]"
+
+
+SIGNED = ("forward", "forward_features", "forward_intermediates")  # the forwards a patched class may replace
+
+
+def keep_signatures(cls: type, base: type) -> type:
+    """Give each forward that ``cls`` replaces (``SIGNED``) the signature of ``base``'s, which tools read
+    (``inspect.signature``: timm's feature wrappers, transformers' ``Trainer``): a function of ``cls``'s own that
+    calls the replacement, so that one replacement shared by several patched classes keeps each base's."""
+    for name in SIGNED:
+        impl, replaced = getattr(cls, name, None), getattr(base, name, None)
+        if impl is not None and replaced is not None and impl is not replaced:
+            setattr(cls, name, _signed(impl, replaced, f"{cls.__qualname__}.{name}"))
+    return cls
+
+
+def _signed(impl: Any, replaced: Any, qualname: str) -> Any:
+    def method(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        return impl(self, *args, **kwargs)
+
+    method.__signature__ = inspect.signature(replaced)  # type: ignore[attr-defined]
+    method.__name__, method.__qualname__, method.__doc__ = replaced.__name__, qualname, impl.__doc__
+    return method
 
 
 def patched_class(base: type) -> type:

@@ -46,7 +46,7 @@ from ..encodings.decomposed import Decomposed2d
 from ..host import HostShape, OwnRope, PositionsHost
 from ..positions import PositionContext, Positions
 from .attention import PatchedAttention, positioned_attention
-from .model import LOAD_ADVICE, adopt_timm_checkpoint, positional_groups, refuse_unplaced, token_grid
+from .model import LOAD_ADVICE, adopt_timm_checkpoint, keep_signatures, positional_groups, refuse_unplaced, token_grid
 
 
 @dataclass
@@ -299,3 +299,6 @@ def adopt_sam_checkpoint(model: PatchedSam, state_dict: dict[str, Any], prefix: 
 
 
 __all__ = ["PatchedSam", "PatchedSamAttention", "PatchedSamBlock", "SamPositions", "patch_sam"]
+
+
+keep_signatures(PatchedSam, VisionTransformerSAM)  # its forwards under timm's signatures
