@@ -128,6 +128,9 @@ ISOLATED = {
     # grid_thw to lay out its tokens, once per forward, as transformers' own forward reads them.
     "vispos/hf/tower_modules.py:read_sizes",
     "vispos/hf/tower_modules.py:merged_layout",
+    # The Qwen-VL towers' input check: the patches grid_thw names (its frames x rows x columns, summed) against the
+    # rows given, once per forward, before any block runs; the tower's own forward reads grid_thw on the host too.
+    "vispos/hf/inputs.py:check_rows",
     # The Qwen-VL towers' attention splits the sequence into its frames or windows at cu_seqlens in every layer,
     # as the towers' own sdpa and eager attention do (their lengths read on the host per layer).
     "vispos/hf/tower_modules.py:segment_lengths",

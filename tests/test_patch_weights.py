@@ -279,9 +279,9 @@ def test_blocks_called_without_the_positional_context_refuse() -> None:
         model.blocks(tokens)
     ctx = model.vispos_context(x)
     out = tokens
-    for block in model.blocks:
-        out = block(out, attn_mask=ctx)
-    with torch.no_grad():
+    with torch.no_grad():  # both paths at inference (eager RoPE rotates in place there, not under autograd)
+        for block in model.blocks:
+            out = block(out, attn_mask=ctx)
         torch.testing.assert_close(model.norm(out), model.forward_features(x), rtol=0, atol=0)
 
 

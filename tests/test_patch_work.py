@@ -57,10 +57,10 @@ PINNED = {
     ("rope2d_mixed", "inference", "bf16"): (62, 25, 169600),
     ("rope2d_mixed", "training", "fp32"): (140, 94, 924928),
     ("rope2d_mixed", "training", "bf16"): (156, 110, 916224),
-    ("relbias2d", "inference", "fp32"): (52, 24, 19960),
-    ("relbias2d", "inference", "bf16"): (56, 28, 15336),
-    ("relbias2d", "training", "fp32"): (146, 55, 168960),
-    ("relbias2d", "training", "bf16"): (194, 103, 430488),
+    ("relbias2d", "inference", "fp32"): (53, 25, 19964),
+    ("relbias2d", "inference", "bf16"): (57, 29, 15340),
+    ("relbias2d", "training", "fp32"): (150, 56, 168964),
+    ("relbias2d", "training", "bf16"): (198, 104, 430492),
 }
 
 

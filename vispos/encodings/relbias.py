@@ -124,6 +124,8 @@ class OffsetBias(nn.Module):
         offsets: torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor | None]:
         entries = getattr(self, "prefix_bias", None)
+        if entries is not None:  # a view, not the parameter itself: a forward's outputs are results (module hooks
+            entries = entries.view_as(entries)  # such as torch's ModuleTracker hook the outputs' autograd nodes)
         if offsets is not None:
             return self.pair_bias(offsets), entries
         values = self.offset_bias(check_grid(grid), device)  # [heads, 2H-1, 2W-1]
