@@ -6,12 +6,14 @@
 - ``build_positions``: the ``Positions`` of a host, built for its widths, heads, depth and training grid
   (``HostShape``), starting from the host's own table and learned RoPE frequencies where it has them.
 - ``PositionsHost``: the mixin every patched model class takes (``vispos``, ``vispos_cfg``, ``load_state_dict``).
+- ``named_base``: the library class a patched class's module-level name stands for (how pickle finds it).
 
 An adapter reads its library's models into these terms (``OwnRope``, ``HostShape``) and back.
 """
 
 from __future__ import annotations
 
+import importlib
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -274,3 +276,15 @@ def _inheriting(
     return additive, attention
 
 
+
+
+def named_base(name: str, prefix: str) -> tuple[str, type] | None:
+    """``(mixin, base class)`` a patched class's module-level name ``<prefix>mixin:module:qualname]`` stands for
+    (dots written as ``/``), or None for another name: a host module's ``__getattr__`` rebuilds the class from it."""
+    if not (name.startswith(prefix) and name.endswith("]")):
+        return None
+    mixin, module, qualname = name[len(prefix) : -1].split(":")
+    base: Any = importlib.import_module(module.replace("/", "."))
+    for part in qualname.split("/"):
+        base = getattr(base, part)
+    return mixin, base

@@ -12,14 +12,13 @@ keeps its class's name, so that ``save_pretrained`` writes the same ``_class_nam
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..host import PositionsHost
+from ..host import PositionsHost, named_base
 from .families import FAMILIES, noise_level
 
 _PREFIX = "_vispos["
@@ -130,12 +129,10 @@ def patched(base: type, mixin: type) -> type:
 
 
 def __getattr__(name: str) -> type:  # module attribute lookup: how pickle finds a patched class
-    if not (name.startswith(_PREFIX) and name.endswith("]")):
+    found = named_base(name, _PREFIX)
+    if found is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    mixin, module, qualname = name[len(_PREFIX) : -1].split(":")
-    base: Any = importlib.import_module(module.replace("/", "."))
-    for part in qualname.split("/"):
-        base = getattr(base, part)
+    mixin, base = found
     return patched(base, MIXINS[mixin])
 
 

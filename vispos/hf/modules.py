@@ -27,7 +27,6 @@ conversions apply on saving and loading), and it is never built directly: ``type
 from __future__ import annotations
 
 import functools
-import importlib
 import inspect
 import sys
 from typing import Any
@@ -36,6 +35,7 @@ import torch
 from torch import nn
 
 from ..attention import as_float_mask, combine_masks, flex_bias_attention, query_mask, sdpa, widened
+from ..host import named_base
 from ..positions import PositionContext, Positions
 from .families import FAMILIES, naflex_layout, patch_conv, token_grid
 from .tower_modules import (
@@ -300,10 +300,8 @@ def _not_built(self_or_cls: Any, *args: Any, **kwargs: Any) -> None:
 
 
 def __getattr__(name: str) -> type:  # module attribute lookup: how pickle finds a patched class
-    if not (name.startswith(_PREFIX) and name.endswith("]")):
+    found = named_base(name, _PREFIX)
+    if found is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    mixin, module, qualname = name[len(_PREFIX) : -1].split(":")
-    base: Any = importlib.import_module(module.replace("/", "."))
-    for part in qualname.split("/"):
-        base = getattr(base, part)
+    mixin, base = found
     return patched(base, MIXINS[mixin])
