@@ -28,6 +28,7 @@ from torch import nn
 from .._state import decode, encode
 from .._validate import check_choice, check_dim, check_float, check_positions
 from ..registry import register
+from .rope_fused import fused_basis, fused_blocks
 from .rope_scaling import RopeScaling, as_scaling, check_scaling_dim, scaled_inv_freq
 
 LAYOUTS: tuple[str, ...] = ("half", "interleaved")
@@ -131,11 +132,14 @@ def change_basis(x: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
 
 def apply_blocks(x: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
     """Rotate x [..., N, d] by block rotations [..., N, d/b, b, b] (broadcast): channel block m of x is
-    multiplied by its b x b matrix. fp32 maths, x's dtype out. An einsum, not a broadcast matmul: the
-    matmul would copy the blocks for every batch row and head (a dense LieRE rotation 50x slower)."""
+    multiplied by its b x b matrix. fp32 maths, x's dtype out. In eager mode an einsum, not a broadcast matmul:
+    the matmul would copy the blocks for every batch row and head (a dense LieRE rotation 50x slower). Under
+    ``torch.compile``: ``rope_fused.fused_blocks``, one generated kernel."""
     b = blocks.shape[-1]
-    xb = rearrange(x.float(), "... n (m b) -> ... n m b", b=b)  # [..., N, d/b, b]
     with torch.autocast(x.device.type, enabled=False):  # fp32 under autocast too
+        if torch.compiler.is_compiling() and x.dim() == 4:
+            return fused_blocks(x, blocks)
+        xb = rearrange(x.float(), "... n (m b) -> ... n m b", b=b)  # [..., N, d/b, b]
         out = torch.einsum("...nmij,...nmj->...nmi", blocks.float(), xb)
     return rearrange(out, "... n m b -> ... n (m b)").to(x.dtype)
 
@@ -186,6 +190,11 @@ class Rotary:
         if self.blocks is not None:
             return apply_blocks(q, self.blocks), apply_blocks(k, self.blocks)
         if self.basis is not None:
+            if torch.compiler.is_compiling() and self.layout in LAYOUTS and q.dim() == 4:  # one kernel each
+                rot = rotate_half if self.layout == "half" else rotate_interleaved
+                with torch.autocast(q.device.type, enabled=False):  # fp32 under autocast too
+                    return fused_basis(q, self.basis, self.cos, self.sin, rot), fused_basis(
+                        k, self.basis, self.cos, self.sin, rot)  # fmt: skip
             qb, kb = change_basis(q, self.basis), change_basis(k, self.basis)
             rq, rk = apply_rope(qb, self.cos, self.sin, self.layout), apply_rope(kb, self.cos, self.sin, self.layout)
             return rq.to(q.dtype), rk.to(k.dtype)

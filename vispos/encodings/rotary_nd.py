@@ -40,9 +40,15 @@ FREQ_RANGE: tuple[float, float] = (0.2, 20.0)  # golden-gate RoPE's ImageNet set
 
 def linear_angles(coords: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
     """coords [N, A] x freqs [(heads,) A, F] -> per-pair angles [(heads,) N, F] in fp32: <omega_j, p> (also
-    under autocast, which would run the matmul in bf16 / fp16: angles of tens of rad would lose 0.1 rad)."""
+    under autocast, which would run a product in bf16 / fp16: angles of tens of rad would lose 0.1 rad). The A
+    products summed elementwise, not a matrix product: under ``torch.compile`` they fuse into the rotation's
+    kernel (a product over A = 2 as a matrix product is a library call and a kernel more a layer)."""
     with torch.autocast(coords.device.type, enabled=False):
-        return coords.float() @ freqs.float()
+        c, f = coords.float(), freqs.float()
+        angles = c[:, 0, None] * f[..., 0, None, :]
+        for k in range(1, c.shape[-1]):
+            angles = angles + c[:, k, None] * f[..., k, None, :]
+        return angles
 
 
 def golden_freqs(
