@@ -82,11 +82,13 @@ lint: $(VENV)/.installed
 clean:
 	rm -rf $(VENV) $(VENV)-min $(VENV)-hf-min $(VENV)-diffusers-min $(VENV)-wheel dist runs .pytest_cache
 
-# The compiled path of every 2D scheme (inductor, fullgraph, dynamic shapes; inference and training, a 2-block
-# ViT-S): fails when a scheme adds more generated kernels than its budget or recompiles at a new size. The test
-# suite checks a representative pair (tests/test_compiled_kernels.py); this covers them all (slow on a CPU).
+# The compiled path of every 2D scheme (inductor, fullgraph, dynamic shapes; inference, and training for the
+# rotations and the masks; a 2-block ViT): fails when a scheme adds more generated kernels than its budget, differs
+# from eager or recompiles at a new size (tests/test_compiled_schemes.py, marked `compiled`, which the test suite
+# leaves out; the suite checks a representative pair, tests/test_compiled_kernels.py). The table of
+# docs/performance.md: `$(PY) -m benchmarks.compiled_work --size 64 --batch 2`.
 compiled-kernels: $(VENV)/.installed
-	$(PY) -m benchmarks.compiled_work --size 64 --batch 2 --check
+	$(PY) -m pytest -q -n auto -p no:cacheprovider -m compiled tests/test_compiled_schemes.py
 
 # The hosts' own test suites on vispos-patched models, each test unpatched, with the model's own positions
 # inherited and with a replacing scheme; the tests come from the sdist of the installed release (fetched by pip

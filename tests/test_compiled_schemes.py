@@ -1,0 +1,48 @@
+"""Every 2D scheme on the compiled path (``benchmarks/compiled_work.py``): under
+``torch.compile(model, fullgraph=True, dynamic=True)`` with inductor, in inference and (the rotations and the
+masks) in training, the scheme compiles as one graph, computes what the eager model computes, adds at most its
+kernel budget (``kernel_budget``) to the generated kernels the unpatched model runs, and a third image size does
+not recompile. A 2-block ViT of 64 channels at 32 px.
+
+Marked ``compiled``: compiling some fifty graphs takes minutes, so the test suite leaves it out (``-m "not
+compiled"``, pyproject.toml) and ``make compiled-kernels`` runs it, a step of its own in CI. The suite keeps a
+representative pair (``tests/test_compiled_kernels.py``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import vispos
+from benchmarks.compiled_work import build, compiled_work, kernel_budget
+
+pytestmark = pytest.mark.compiled
+
+TINY = {"depth": 2, "embed_dim": 64, "num_heads": 2}
+SIZE = 32
+TRAINED = ("rotary", "bias")  # the kinds whose training step is compiled too: the rotations and the masks
+SCHEMES = vispos.list_encodings(ndim=2)
+CASES = [(s, "inference") for s in SCHEMES] + [
+    (s, "training") for s in SCHEMES if vispos.get_info(s, ndim=2).kind in TRAINED
+]
+_unpatched: dict[str, object] = {}
+
+
+def unpatched(mode: str):  # noqa: ANN201
+    """The unpatched model's generated work in ``mode``, compiled once per process."""
+    if mode not in _unpatched:
+        torch.manual_seed(0)
+        _unpatched[mode] = compiled_work(build(None, SIZE, **TINY), SIZE, 2, train=mode == "training", resize=False)
+        assert _unpatched[mode].kernels > 0  # the counter reads the generated code
+    return _unpatched[mode]
+
+
+@pytest.mark.parametrize(("scheme", "mode"), CASES)
+def test_every_scheme_compiles_as_eager_within_its_kernel_budget_without_recompiling(scheme: str, mode: str) -> None:
+    torch.manual_seed(0)
+    work = compiled_work(build(scheme, SIZE, **TINY), SIZE, 2, train=mode == "training", compare=True)
+    added = work.minus(unpatched(mode))
+    print(f"{scheme} {mode}: +{added.kernels} kernels, +{added.library} library calls, error {work.error:.1e}")
+    assert work.error < 1e-4, f"compiled outputs differ from eager by {work.error}"
+    assert not work.recompiled, "a third image size recompiled"
+    assert added.kernels <= kernel_budget(scheme, TINY["depth"]), added
