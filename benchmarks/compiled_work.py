@@ -21,7 +21,7 @@ patched minus the unpatched model:
 
 The budget (``kernel_budget``): one kernel per layer for the rotation or the mask, plus one per layer where a
 per-layer table is computed from parameters (a trainable per-layer scheme), else one per model for a shared table;
-library calls are apart (``linalg_matrix_exp`` and ``linalg_solve`` have no generated form: the learned rotations
+a training step twice that, plus what ``TRAINING_EXTRA`` names with the op that needs it; library calls are apart (``linalg_matrix_exp`` and ``linalg_solve`` have no generated form: the learned rotations
 add one such call a layer for their table). ``tests/test_compiled_schemes.py`` (``make compiled-kernels``) holds
 every scheme to it.
 """
@@ -50,6 +50,18 @@ import vispos
 
 MODEL = "vit_small_patch16_224"
 FIXED = {"none": 0, "additive": 1}  # the kinds whose budget does not grow with the layers (``kernel_budget``)
+# What a scheme's training step runs beyond twice its budget, and the op that needs it: (kernels per layer, per
+# model, why), read from the generated backward of a 2-block model (``tests/test_compiled_schemes.py``)
+TRAINING_EXTRA: dict[str, tuple[int, int, str]] = {
+    "liere2d": (0, 1, "linalg_matrix_exp's backward is the exponential of the block matrix [[A^T, G], [0, A^T]] "
+                "(a library call): one kernel assembles it and another reads the generators' gradient out of it, "
+                "two kernels for the shared table's backward"),
+    "string2d": (1, 2, "two tables per layer are learned (the Cayley basis and RoPE-Mixed's frequencies) where the "
+                 "budget counts one: the frequencies' gradient is a reduction per layer (of the rotation's "
+                 "gradient times the coordinates, over the batch, heads and tokens), for which the forward keeps "
+                 "-sin of the angles (one kernel); the basis's gradient through linalg_solve (a second solve, a "
+                 "library call) ends in one kernel taking the skew part of every layer's"),
+}  # fmt: skip
 KERNEL = re.compile(r"^(\w+) = async_compile\.(?:cpp_pybinding|cpp|triton)\(", re.M)  # a kernel's definition
 LIBRARY = re.compile(  # a call of a library kernel or fallback in the generated ``call``: assigned or with out=
     r"^\s+\w+ = (?:extern_kernels\.\w+|torch\.ops\.\w+\.\w+(?:\.\w+)?)\(|^\s+extern_kernels\.\w+\(", re.M
@@ -141,17 +153,23 @@ def compiled_work(
     return work
 
 
-def kernel_budget(scheme: str, layers: int) -> int:
+def kernel_budget(scheme: str, layers: int, *, training: bool = False) -> int:
     """Generated kernels a scheme may add to ``layers`` blocks: one per layer for what it does in attention (the
     rotation of q and k, the mask, the query-dependent bias, the added channels; PEG's convolution: one per layer
     bounds its one or few places) plus its table's: one per layer for a table computed per layer from parameters
     (an MLP, a matrix exponential's exponent, a Cayley basis), one per model otherwise. A table added to the
     tokens (``additive``): one for the model. ``none``: nothing. Library calls (matrix products, SDPA,
-    ``linalg_matrix_exp``, ``linalg_solve``) are counted apart, not against the budget."""
+    ``linalg_matrix_exp``, ``linalg_solve``) are counted apart, not against the budget. A training step: twice
+    that (each kernel of the forward may have one in the backward), plus ``TRAINING_EXTRA``'s named kernels."""
     info = vispos.get_info(scheme, ndim=2)
     if info.kind in FIXED:
-        return FIXED[info.kind]
-    return layers + (layers if info.per_layer and info.trainable else 1)
+        budget = FIXED[info.kind]
+    else:
+        budget = layers + (layers if info.per_layer and info.trainable else 1)
+    if not training:
+        return budget
+    per_layer, per_model, _ = TRAINING_EXTRA.get(scheme, (0, 0, ""))
+    return 2 * budget + per_layer * layers + per_model
 
 
 # timm's patch embedding formats the input size into its assertion messages unless it pads (a formatted size is
@@ -179,7 +197,7 @@ def measure(
             torch.manual_seed(0)
             work = compiled_work(build(scheme, size, **kwargs), size, batch, train=mode == "training")
             added = work.minus(base)
-            budget = kernel_budget(scheme, layers)
+            budget = kernel_budget(scheme, layers, training=mode == "training")
             records.append({"scheme": scheme, "mode": mode, "layers": layers, "size": size, "batch": batch,
                             "added": asdict(added), "total": asdict(work), "budget": budget,
                             "holds": added.kernels <= budget})  # fmt: skip
