@@ -21,9 +21,9 @@ patched minus the unpatched model:
 
 The budget (``kernel_budget``): one kernel per layer for the rotation or the mask, plus one per layer where a
 per-layer table is computed from parameters (a trainable per-layer scheme), else one per model for a shared table;
-a training step twice that, plus what ``TRAINING_EXTRA`` names with the op that needs it; library calls are apart (``linalg_matrix_exp`` and ``linalg_solve`` have no generated form: the learned rotations
-add one such call a layer for their table). ``tests/test_compiled_schemes.py`` (``make compiled-kernels``) holds
-every scheme to it.
+a training step twice that, plus what ``TRAINING_EXTRA`` names with the op that needs it. Library calls are apart
+(``linalg_matrix_exp`` and ``linalg_solve`` have no generated form: the learned rotations add one such call a layer
+for their table). ``tests/test_compiled_schemes.py`` (``make compiled-kernels``) holds every scheme to it.
 """
 
 from __future__ import annotations
