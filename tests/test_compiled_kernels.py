@@ -2,7 +2,7 @@
 with inductor, a scheme adds at most its kernel budget (one kernel per layer for the rotation or the mask, plus
 its table's) to the generated code, and a new image size does not recompile. The cheapest representative set
 (a rotation with a shared table, a mask shared by the layers), on a 2-block ViT of 64 channels, inference;
-``make compiled-kernels`` checks every 2D scheme in inference and training."""
+``make compiled-kernels`` (``tests/test_compiled_schemes.py``) checks every 2D scheme, in training too."""
 
 from __future__ import annotations
 
