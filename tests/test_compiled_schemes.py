@@ -36,6 +36,9 @@ OVER = {
     "and the mask",
     ("decomposed2d", "inference"): "each axis's product of q with its table (two einsums a layer, library matrix "
     "products) copies q into the product's layout first: two copies and the bias, three kernels a layer",
+    ("pape2d", "inference"): "PaPE appends its channels to q and k and pads v to their width (attention takes one "
+    "head dimension): attention's output is sliced back to the head's channels, a copy a layer before the out "
+    "projection",
 }
 _unpatched: dict[str, object] = {}
 
