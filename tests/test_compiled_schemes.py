@@ -39,6 +39,12 @@ OVER = {
     ("pape2d", "inference"): "PaPE appends its channels to q and k and pads v to their width (attention takes one "
     "head dimension): attention's output is sliced back to the head's channels, a copy a layer before the out "
     "projection",
+    ("cpb2d", "training"): "15 kernels over 2 layers where the budget gives 8: the backward of the per-layer MLP "
+    "table, not yet attributed kernel by kernel",
+    ("fire2d", "training"): "18 kernels over 2 layers where the budget gives 8: the backward of the per-layer MLP "
+    "table, not yet attributed kernel by kernel",
+    ("irpe2d_bias", "training"): "10 kernels over 2 layers where the budget gives 8: the backward of its bucketed "
+    "per-layer table, not yet attributed kernel by kernel",
 }
 _unpatched: dict[str, object] = {}
 
@@ -55,14 +61,15 @@ def unpatched(mode: str):  # noqa: ANN201
 @pytest.mark.parametrize(("scheme", "mode"), CASES)
 def test_every_scheme_compiles_as_eager_within_its_kernel_budget_without_recompiling(scheme: str, mode: str) -> None:
     torch.manual_seed(0)
-    work = compiled_work(build(scheme, SIZE, **TINY), SIZE, 2, train=mode == "training", compare=True)
+    training = mode == "training"  # one size: a new size's training graph is the host's recompile (below)
+    work = compiled_work(build(scheme, SIZE, **TINY), SIZE, 2, train=training, resize=not training, compare=True)
     added = work.minus(unpatched(mode))
     print(f"{scheme} {mode}: +{added.kernels} kernels, +{added.library} library calls, error {work.error:.1e}")
     assert work.error < 1e-4, f"compiled outputs differ from eager by {work.error}"
-    # a third image size does not recompile at inference. A training step is not held to it: the unpatched ViT's
-    # own training step recompiles at a new size (and inductor fails on that graph with torch 2.14.1: "isIntList()
-    # INTERNAL ASSERT FAILED ... Expected IntList but got GenericList"), so a recompile there is not the scheme's
-    assert not work.recompiled or mode == "training", "a third image size recompiled"
+    # a third image size does not recompile at inference. A training step is run at one size: the unpatched ViT's
+    # training step recompiles at a new size, and inductor fails on that graph with torch 2.14.1 (the backward of
+    # the antialiased bicubic resampling of a table, "isIntList() INTERNAL ASSERT FAILED"; relbias2d's too)
+    assert not work.recompiled, "a third image size recompiled"
     budget = kernel_budget(scheme, TINY["depth"], training=mode == "training")
     if (scheme, mode) in OVER:
         assert added.kernels > budget, f"{scheme} ({mode}) is within its budget now: take it off OVER"
