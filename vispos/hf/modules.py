@@ -259,7 +259,7 @@ def patched(base: type, mixin: type) -> type:
         name = f"{_PREFIX}{mixin.__name__}:{where}]"
         namespace: dict[str, Any] = {"__module__": __name__, "__qualname__": name}
         if hasattr(base, "from_pretrained"):  # a PreTrainedModel: transformers' own, as its base is
-            namespace |= {"__init__": _not_built, "from_pretrained": classmethod(_not_built),
+            namespace |= {"__init__": _refusing(base.__init__), "from_pretrained": classmethod(_not_built),
                           "forward": _same_signature(mixin, base)}  # fmt: skip
             if hasattr(base, "is_custom_code"):
                 namespace["is_custom_code"] = classmethod(_base_is_custom_code)
@@ -279,6 +279,17 @@ def _same_signature(mixin: type, base: type) -> Any:
     forward.__signature__ = inspect.signature(base.forward)  # type: ignore[attr-defined]
     forward.__doc__ = impl.__doc__
     return forward
+
+
+def _refusing(init: Any) -> Any:
+    """A constructor that refuses (``_not_built``) with the signature of the one it stands for: what reads the
+    options a model class takes (transformers' tests: ``use_mask_token``) reads the family's."""
+
+    def __init__(self: nn.Module, *args: Any, **kwargs: Any) -> None:  # noqa: N807
+        _not_built(self, *args, **kwargs)
+
+    __init__.__signature__ = inspect.signature(init)  # type: ignore[attr-defined]
+    return __init__
 
 
 def _base(cls: type) -> type:
