@@ -6,11 +6,12 @@ the module's other weights (DINOv2: the table, then ``cls_token``; CLIP, SigLIP:
 visited as the embeddings' last child, then the table again with the embeddings). While transformers initialises
 the embeddings, ``stand_in`` puts a table of the recorded shape back in that place (zeros, on the embeddings'
 device, in their dtype), and the family's init writes to it as to its own table (every supported family's does):
-every random draw of the module is the unpatched model's. Where learned2d adopted the table (``inherit``), it then takes those values, as ``vispos.patch``
-adopts them from an unpatched model, and is marked initialised (transformers' ``_is_hf_initialized``), so its own
-init draws nothing more: under one seed, the patched model's init is the unpatched model's. A learned2d whose
-weights are marked loaded keeps them, and its stand-in is marked loaded too (the family draws nothing for a table
-a checkpoint gave). Outside the init the place is None again: no key in the state dict, no memory held."""
+every random draw of the module is the unpatched model's. Where learned2d adopted the table (``inherit``), it then
+takes those values, as ``vispos.patch`` adopts them from an unpatched model, and is marked initialised
+(transformers' ``_is_hf_initialized``), so its own init draws nothing more: under one seed, the patched model's init
+is the unpatched model's. A learned2d whose weights are marked loaded keeps them, and its stand-in is marked loaded
+too (the family draws nothing for a table a checkpoint gave). Outside the init the place is None again: no key in
+the state dict, no memory held."""
 
 from __future__ import annotations
 
