@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import vispos
-from benchmarks.patch_work import MODEL, configurations, measure, table
+from benchmarks.patch_work import MODEL, above_floor, configurations, measure, table
 from benchmarks.work_count import count_work, fake_model
 from benchmarks.work_floor import geometry
 from benchmarks.work_targets import check_targets
@@ -181,3 +181,19 @@ def test_the_tower_rows_compare_the_towers_own_rope_with_the_inherited_one() -> 
             torch.testing.assert_close(ours(images), own(images), rtol=1e-4, atol=1e-4)
         geo = geometry(ours)
         assert (geo.layers, geo.heads, geo.head_dim, geo.grid, geo.tokens) == (LAYERS, HEADS, 64, (2, 2), 4)
+
+
+def test_rotary_rows_above_a_multiple_of_their_floor_name_their_ops(records: list[dict[str, object]]) -> None:
+    """The lines under the tables name, for every vispos rotary row and setting above the multiple, the ops that
+    add the most bytes (at the largest size), and no row at or below it."""
+    for limit in (1.0, 3.0):
+        rows = [r for r in records if r.get("x_floor") and r["kind"] == "rotary"]
+        over = {(r["config"], r["mode"], r["dtype"]) for r in rows if r["x_floor"] > limit}
+        lines = above_floor(records, limit, count=2)
+        assert len(lines) == len(over)
+        for config, mode, dtype in over:
+            line = next(line for line in lines if line.startswith(f"{config}, {mode} {dtype} ("))
+            row = next(r for r in rows if (r["config"], r["mode"], r["dtype"]) == (config, mode, dtype))
+            top = max(row["added_ops"], key=lambda op: abs(row["added_ops"][op][1]))
+            assert f"{row['x_floor']:.2f}x at {row['size']}px" in line and top in line
+    assert above_floor(records, 1.0)  # the tiny ViT's rotations add more than one pass

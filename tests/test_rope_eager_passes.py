@@ -54,8 +54,9 @@ def test_half_precision_rotation_rounds_once_from_fp32(dtype: torch.dtype) -> No
         assert (rotated == expected).float().mean() > 0.99
 
 
-def test_training_keeps_the_differentiable_formula() -> None:
-    """With gradients the rotation is the out-of-place formula: its gradient is the inverse rotation's."""
+def test_training_gradient_is_the_inverse_rotation() -> None:
+    """With gradients the rotation equals timm's formula and its gradient is the inverse rotation of the output's
+    (``RotateHalf``, tests/test_rope_backward.py)."""
     q, k = (t.detach().requires_grad_() for t in qkv_views(torch.float32))
     cos, sin = tables(False)
     rq, _ = Rotary(cos, sin).rotate(q, k)
