@@ -91,7 +91,7 @@ def test_inference_rotation_makes_three_passes_over_q_and_k(dtype: torch.dtype) 
 
 
 def test_patched_model_output_unchanged_by_the_inference_path() -> None:
-    """A rope2d ViT at inference equals the same model run with gradients on (the differentiable formula)."""
+    """A rope2d ViT at inference (in place) equals the same model run with gradients on (``RotateHalf``)."""
     model = vispos.create_model("vit_tiny_patch16_224", pos="rope2d", img_size=32, depth=1, num_classes=5).eval()
     x = torch.randn(2, 3, 32, 32)
     with torch.inference_mode():
