@@ -44,6 +44,7 @@ from ..host import PositionsHost, warn
 from ..positions import Positions
 from ..registry import SchemeInfo
 from .model import LOAD_ADVICE, adopt_and_match, refuse_unplaced
+from .pruning import PrunesPositions
 from .swin import SwinPositions, _embed_positions, _stage_positions, embed_patches, run_stage
 from .swin_checkpoint import resize_stage
 from .window import PatchedWindowAttention
@@ -57,7 +58,7 @@ torch.fx.wrap("embed_patches")  # torch.fx leaves here too (fx wraps by the call
 torch.fx.wrap("run_stage")
 
 
-class PatchedSwinCr(PositionsHost):
+class PatchedSwinCr(PrunesPositions, PositionsHost):
     """Mixin placed before timm's SwinTransformerV2Cr: positions from ``self.vispos`` (a ``SwinPositions``)."""
 
     vispos: SwinPositions

@@ -1,0 +1,48 @@
+"""``prune_intermediate_layers`` on patched timm models (timm's feature-extraction path: ``features_only``,
+detection backbones): the pruned model's tap equals the unpruned model's tap at that index, and training it
+leaves no parameter without a gradient (the positional modules of removed blocks or stages go with them)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import timm
+import torch
+from timm.models.vision_transformer_sam import VisionTransformerSAM
+
+import vispos
+
+VIT = dict(pretrained=False, img_size=32, patch_size=8, embed_dim=32, depth=3, num_heads=2, num_classes=3)
+SWIN = dict(pretrained=False, img_size=56, embed_dim=16, depths=(1, 1), num_heads=(1, 2), window_size=7,
+            num_classes=3)  # fmt: skip
+SAM = dict(img_size=32, patch_size=8, embed_dim=32, depth=3, num_heads=2, window_size=2, global_attn_indexes=(1,),
+           use_rel_pos=True, neck_chans=16, num_classes=3)  # fmt: skip
+CASES = {  # id: (build, scheme, inherit)
+    "vit-relbias2d": (lambda: timm.create_model("vit_tiny_patch16_224", **VIT), "relbias2d", False),
+    "beit-inherited": (lambda: timm.create_model("beit_base_patch16_224", **VIT), "relbias2d", True),
+    "relpos-inherited": (lambda: timm.create_model("vit_relpos_small_patch16_224", **VIT), "cpb2d", True),
+    "sam-inherited": (lambda: VisionTransformerSAM(**SAM), ["learned2d", "decomposed2d"], True),
+    "swin-inherited": (lambda: timm.create_model("swin_tiny_patch4_window7_224", **SWIN), "relbias2d", True),
+    "swinv2-rope2d": (lambda: timm.create_model("swinv2_tiny_window8_256", **SWIN), "rope2d", False),
+    "swinv2_cr-inherited": (lambda: timm.create_model("swinv2_cr_tiny_224", **SWIN), "cpb2d", True),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_pruned_patched_model_keeps_its_taps_and_uses_every_parameter(case: str) -> None:
+    build, scheme, inherit = CASES[case]
+    torch.manual_seed(0)
+    model = vispos.patch(build().eval(), scheme, inherit=inherit)
+    x = torch.randn(2, 3, *model.pretrained_cfg["input_size"][-2:]) if "swin" in case else torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        taps = model.forward_intermediates(x, intermediates_only=True)
+    pruned = copy.deepcopy(model)
+    take = pruned.prune_intermediate_layers([0])
+    with torch.no_grad():
+        torch.testing.assert_close(pruned.forward_intermediates(x, indices=take, intermediates_only=True)[0], taps[0])
+    pruned.train()
+    outputs = [*pruned.forward_intermediates(x, indices=take, intermediates_only=True), pruned.forward_features(x)]
+    sum(t.sum() for t in outputs).backward()
+    unused = [n for n, p in pruned.named_parameters() if p.requires_grad and p.grad is None]
+    assert not unused, f"parameters without a gradient after pruning: {unused}"
