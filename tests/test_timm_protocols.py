@@ -1,6 +1,7 @@
-"""``prune_intermediate_layers`` on patched timm models (timm's feature-extraction path: ``features_only``,
-detection backbones): the pruned model's tap equals the unpruned model's tap at that index, and training it
-leaves no parameter without a gradient (the positional modules of removed blocks or stages go with them)."""
+"""timm's model protocols on patched models: ``prune_intermediate_layers`` (timm's feature-extraction path:
+``features_only``, detection backbones) keeps each tap as the unpruned model gives it and leaves no parameter
+without a gradient (the positional modules of removed blocks or stages go with them); timm's
+``reinit_non_persistent_buffers`` (after ``to_empty``) restores what a checkpoint does not hold."""
 
 from __future__ import annotations
 
@@ -46,3 +47,23 @@ def test_pruned_patched_model_keeps_its_taps_and_uses_every_parameter(case: str)
     sum(t.sum() for t in outputs).backward()
     unused = [n for n, p in pruned.named_parameters() if p.requires_grad and p.grad is None]
     assert not unused, f"parameters without a gradient after pruning: {unused}"
+
+
+def test_timms_buffer_reinit_restores_a_patched_swin_v2() -> None:
+    """timm's step after ``to_empty``: load the weights, then ``reinit_non_persistent_buffers`` for the buffers a
+    checkpoint does not hold. A patched Swin V2 whose buffers were left as garbage (NaN) comes back to its outputs,
+    as timm's own model does."""
+    from timm.models._manipulate import reinit_non_persistent_buffers
+
+    torch.manual_seed(0)
+    model = vispos.patch(timm.create_model("swinv2_tiny_window8_256", **SWIN).eval(), "rope2d", inherit=False)
+    empty = copy.deepcopy(model)
+    with torch.no_grad():
+        for buffer in empty.buffers():
+            if buffer.is_floating_point():
+                buffer.fill_(float("nan"))
+    empty.load_state_dict(model.state_dict())
+    reinit_non_persistent_buffers(empty)
+    x = torch.randn(1, 3, 56, 56)
+    with torch.no_grad():
+        torch.testing.assert_close(empty(x), model(x))
