@@ -6,6 +6,7 @@ without a gradient (the positional modules of removed blocks or stages go with t
 from __future__ import annotations
 
 import copy
+import inspect
 
 import pytest
 import timm
@@ -34,7 +35,9 @@ CASES = {  # id: (build, scheme, inherit)
 def test_pruned_patched_model_keeps_its_taps_and_uses_every_parameter(case: str) -> None:
     build, scheme, inherit = CASES[case]
     torch.manual_seed(0)
-    model = vispos.patch(build().eval(), scheme, inherit=inherit)
+    plain = build().eval()
+    model = vispos.patch(copy.deepcopy(plain), scheme, inherit=inherit)
+    assert inspect.signature(model.prune_intermediate_layers) == inspect.signature(plain.prune_intermediate_layers)
     x = torch.randn(2, 3, *model.pretrained_cfg["input_size"][-2:]) if "swin" in case else torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         taps = model.forward_intermediates(x, intermediates_only=True)

@@ -7,6 +7,7 @@ families), truncated here to what remains."""
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from torch import nn
@@ -29,7 +30,22 @@ def prune_positions(model: nn.Module) -> None:
 
 
 class PrunesPositions:
-    """Mixin placed before timm's class: ``prune_intermediate_layers`` prunes the positions with the layers."""
+    """Mixin placed before timm's class: ``prune_intermediate_layers`` prunes the positions with the layers. Each
+    class made with it reports the signature of its timm class's method (its defaults differ: SAM's ``indices``)."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        base = next((c for c in cls.__mro__ if c.__module__.startswith("timm.")), None)
+        if base is None:
+            return
+
+        def prune_intermediate_layers(self: Any, *args: Any, **kwargs: Any) -> Any:
+            return PrunesPositions.prune_intermediate_layers(self, *args, **kwargs)
+
+        prune_intermediate_layers.__signature__ = inspect.signature(base.prune_intermediate_layers)  # type: ignore[attr-defined]
+        prune_intermediate_layers.__doc__ = PrunesPositions.prune_intermediate_layers.__doc__
+        prune_intermediate_layers.__qualname__ = f"{cls.__qualname__}.prune_intermediate_layers"
+        cls.prune_intermediate_layers = prune_intermediate_layers  # type: ignore[method-assign]
 
     def prune_intermediate_layers(self, *args: Any, **kwargs: Any) -> Any:
         """timm's ``prune_intermediate_layers``; the positional modules of the removed layers go with them."""
