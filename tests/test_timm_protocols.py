@@ -70,3 +70,23 @@ def test_timms_buffer_reinit_restores_a_patched_swin_v2() -> None:
     x = torch.randn(1, 3, 56, 56)
     with torch.no_grad():
         torch.testing.assert_close(empty(x), model(x))
+
+
+@pytest.mark.parametrize(
+    ("name", "own"),
+    [("swin_tiny_patch4_window7_224", "relbias2d"), ("swinv2_tiny_window8_256", "cpb2d")],
+)
+def test_a_swin_built_on_the_meta_device_inherits_its_bias_and_loads(name: str, own: str) -> None:
+    """timm's way of building a model before its weights: on the meta device, patched inheriting its bias, then
+    ``to_empty``, the weights loaded and the non-persistent buffers reinitialised: the outputs of the model patched
+    on the CPU."""
+    from timm.models._manipulate import reinit_non_persistent_buffers
+
+    torch.manual_seed(0)
+    model = vispos.patch(timm.create_model(name, **SWIN).eval(), own)
+    empty = vispos.patch(timm.create_model(name, device="meta", **SWIN).eval(), own).to_empty(device="cpu")
+    empty.load_state_dict(model.state_dict())
+    reinit_non_persistent_buffers(empty)
+    x = torch.randn(1, 3, 56, 56)
+    with torch.no_grad():
+        torch.testing.assert_close(empty(x), model(x))
