@@ -32,13 +32,13 @@ FAMILIES = {"swin": ("swin_*",), "swinv2_cr": ("swinv2_cr_*",), "swinv2": ("swin
             "eva": ("eva*", "vit_*_rope_*"), "vit": ("vit_*", "deit*")}  # fmt: skip
 # timm's tests named after a family that take no model name (SAM's feature getter, Eva's classifier reset)
 NAMED = {"samvit": "sam", "eva": "eva", "beit": "beit", "swin": "swin"}
-# the models whose tests run: the smallest of each family (timm's tests take every size); SAM at 224 px (timm's
-# tests skip the 1024 px samvit_base_patch16 as above their size limits); test_vit_relpos is the tiny relpos ViT
-# timm's relpos tests build
+# the models whose tests run: the smallest of each family (timm's tests take every size); SAM at 224 px too (timm's
+# tests skip most of the 1024 px samvit_base_patch16's as above their size limits); test_vit_relpos is the tiny
+# relpos ViT timm's relpos tests build
 MODELS = ("swin_tiny_patch4_window7_224", "swinv2_tiny_window8_256", "swinv2_cr_tiny_224", "beit_base_patch16_224",
           "vit_relpos_small_patch16_224", "vit_relpos_base_patch16_clsgap_224", "test_vit_relpos",
-          "samvit_base_patch16_224", "eva02_tiny_patch14_224", "vit_small_patch16_rope_224", "vit_tiny_patch16_224",
-          "deit_tiny_patch16_224")  # fmt: skip
+          "samvit_base_patch16", "samvit_base_patch16_224", "eva02_tiny_patch14_224", "vit_small_patch16_rope_224",
+          "vit_tiny_patch16_224", "deit_tiny_patch16_224")  # fmt: skip
 FILTER_LOOKUP = (
     "finds the family's checkpoint filter as type(model).__module__'s checkpoint_filter_fn: a patched class is "
     "defined in vispos.timm (where pickle finds it; timm's classes are never changed), which has none, and timm's "
