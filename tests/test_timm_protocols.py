@@ -74,7 +74,11 @@ def test_timms_buffer_reinit_restores_a_patched_swin_v2() -> None:
 
 @pytest.mark.parametrize(
     ("name", "own"),
-    [("swin_tiny_patch4_window7_224", "relbias2d"), ("swinv2_tiny_window8_256", "cpb2d")],
+    [
+        ("swin_tiny_patch4_window7_224", "relbias2d"),
+        ("swinv2_tiny_window8_256", "cpb2d"),
+        ("swinv2_cr_tiny_224", "cpb2d"),
+    ],
 )
 def test_a_swin_built_on_the_meta_device_inherits_its_bias_and_loads(name: str, own: str) -> None:
     """timm's way of building a model before its weights: on the meta device, patched inheriting its bias, then

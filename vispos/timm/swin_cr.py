@@ -208,6 +208,9 @@ def _adopt_meta_mlp(stage: nn.Module, positions: Positions) -> None:
     with torch.no_grad():
         for blk, module in zip(stage.blocks, positions.attention, strict=True):
             meta = blk.attn.meta_mlp
+            if meta.fc1.weight.is_meta:  # a model built on the meta device: the values arrive with its weights
+                module.mlp.to("meta")
+                continue
             for mine, theirs in ((module.mlp[0], meta.fc1), (module.mlp[2], meta.fc2)):
                 mine.weight.copy_(theirs.weight)
                 mine.bias.copy_(theirs.bias)
