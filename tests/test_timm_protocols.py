@@ -94,3 +94,20 @@ def test_a_swin_built_on_the_meta_device_inherits_its_bias_and_loads(name: str, 
     x = torch.randn(1, 3, 56, 56)
     with torch.no_grad():
         torch.testing.assert_close(empty(x), model(x))
+
+
+def test_a_sam_built_on_the_meta_device_inherits_its_tables_and_loads() -> None:
+    """The same for SAM: its ``pos_embed`` (learned2d) and decomposed tables (decomposed2d) inherited on meta."""
+    from timm.models._manipulate import reinit_non_persistent_buffers
+
+    torch.manual_seed(0)
+    own = ["learned2d", "decomposed2d"]
+    model = vispos.patch(VisionTransformerSAM(**SAM).eval(), own)
+    with torch.device("meta"):
+        empty = VisionTransformerSAM(**SAM).eval()
+    empty = vispos.patch(empty, own).to_empty(device="cpu")
+    empty.load_state_dict(model.state_dict())
+    reinit_non_persistent_buffers(empty)
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(empty(x), model(x))

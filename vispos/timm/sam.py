@@ -215,7 +215,10 @@ def adopt_tables(attention: nn.ModuleList, model: VisionTransformerSAM) -> None:
                         f"block {i}'s {name} is {tuple(own.shape)}, its {'window' if blk.window_size else 'grid'} "
                         f"needs {tuple(table.shape)}: patch with inherit=False to start fresh tables"
                     )
-                table.copy_(own)
+                if own.is_meta:  # a model built on the meta device: the values arrive with its weights
+                    setattr(module, name, nn.Parameter(table.to("meta"), requires_grad=table.requires_grad))
+                else:
+                    table.copy_(own)
 
 
 # --- patch -----------------------------------------------------------------------------------------------
