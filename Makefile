@@ -104,7 +104,7 @@ hf-suite: $(VENV)/.installed
 	$(PY) -m pytest -q -p no:xdist -p no:cacheprovider -p benchmarks.hf_suite.plugin -o addopts="" \
 	  benchmarks/hf_suite/test_common.py $(if $(HF_SUITE_K),-k "$(HF_SUITE_K)")
 
-# timm: tests/test_models.py on patched ViT, DeiT, Eva, Swin, Swin V2, BEiT, relpos ViT and SAM models
+# timm: tests/test_models.py on patched ViT, DeiT, Eva, Swin, Swin V2, Swin V2-CR, BEiT, relpos ViT and SAM models
 # (benchmarks/timm_suite/plugin.py; -P and importlib imports: the sdist gives its tests only, timm itself is the
 # installed one). VISPOS_SCHEMES and VISPOS_MODELS (comma-separated) narrow it.
 TIMM_K ?=

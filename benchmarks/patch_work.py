@@ -198,6 +198,19 @@ def top_ops(record: dict[str, object], count: int) -> str:
     return ", ".join(f"{op} {n:+d} calls {b / 1e6:+.1f} MB" for op, (n, b) in ops)
 
 
+def above_floor(records: list[dict[str, object]], limit: float = 3.0, count: int = 4) -> list[str]:
+    """One line per vispos rotary row and setting whose added bytes pass ``limit`` x its one-pass floor at some
+    size: its multiples and the ``count`` ops adding the most bytes at the largest size (what keeps it above)."""
+    lines = []
+    rows = [r for r in records if r.get("x_floor") and r["kind"] == "rotary" and r["config"].startswith("vispos")]
+    for key in dict.fromkeys((r["config"], r["mode"], r["dtype"]) for r in rows):
+        group = sorted((r for r in rows if (r["config"], r["mode"], r["dtype"]) == key), key=lambda r: r["size"])
+        if max(r["x_floor"] for r in group) > limit:
+            multiples = ", ".join(f"{r['x_floor']:.2f}x at {r['size']}px" for r in group)
+            lines.append(f"{key[0]}, {key[1]} {key[2]} ({multiples}): {top_ops(group[-1], count)}")
+    return lines
+
+
 def write_json(path: str, result: dict[str, object]) -> None:
     """The result with one record (or verdict) a line: small diffs when a count changes."""
     lines = [f'{{"batch": {result["batch"]}, "sizes": {json.dumps(result["sizes"])},']
@@ -230,6 +243,9 @@ def main(argv: list[str] | None = None) -> None:
     verdicts = check_targets(records)
     for verdict in verdicts:
         print(f"- {'holds' if verdict['holds'] else 'FAILS'}: {verdict['target']} ({verdict['detail']})")
+    print("\n### rotary rows above 3x their one-pass floor: the ops adding the most bytes\n")
+    for line in above_floor(records):
+        print(f"- {line}")
     if args.ops:
         print("\n### ops adding the most bytes\n")
         for r in records:

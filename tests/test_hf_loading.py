@@ -72,6 +72,17 @@ def test_the_class_of_a_patched_model_is_never_built_from_a_config(tmp_path) -> 
         type(model).from_pretrained(tmp_path)
 
 
+@pytest.mark.parametrize("build", [vit, dinov3])
+def test_the_class_of_a_patched_model_keeps_the_constructor_signature_of_the_family(build) -> None:
+    """What reads the options a model class takes from its constructor (transformers' tests pass
+    ``use_mask_token=True`` where it is named) reads the family's, while the constructor still refuses."""
+    model = build()
+    before = inspect.signature(type(model).__init__)
+    vispos.patch(model, "rope2d")
+    assert inspect.signature(type(model).__init__) == before
+    assert inspect.signature(model.__init__) == inspect.signature(build().__init__)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_from_pretrained_takes_transformers_loader_keywords(dtype, tmp_path) -> None:
     """A sharded checkpoint saved in ``dtype``, loaded with ``dtype="auto"`` (the checkpoint's), a device map

@@ -54,8 +54,9 @@ def test_half_precision_rotation_rounds_once_from_fp32(dtype: torch.dtype) -> No
         assert (rotated == expected).float().mean() > 0.99
 
 
-def test_training_keeps_the_differentiable_formula() -> None:
-    """With gradients the rotation is the out-of-place formula: its gradient is the inverse rotation's."""
+def test_training_gradient_is_the_inverse_rotation() -> None:
+    """With gradients the rotation equals timm's formula and its gradient is the inverse rotation of the output's
+    (``RotateHalf``, tests/test_rope_backward.py)."""
     q, k = (t.detach().requires_grad_() for t in qkv_views(torch.float32))
     cos, sin = tables(False)
     rq, _ = Rotary(cos, sin).rotate(q, k)
@@ -90,7 +91,7 @@ def test_inference_rotation_makes_three_passes_over_q_and_k(dtype: torch.dtype) 
 
 
 def test_patched_model_output_unchanged_by_the_inference_path() -> None:
-    """A rope2d ViT at inference equals the same model run with gradients on (the differentiable formula)."""
+    """A rope2d ViT at inference (in place) equals the same model run with gradients on (``RotateHalf``)."""
     model = vispos.create_model("vit_tiny_patch16_224", pos="rope2d", img_size=32, depth=1, num_classes=5).eval()
     x = torch.randn(2, 3, 32, 32)
     with torch.inference_mode():

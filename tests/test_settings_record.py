@@ -186,3 +186,20 @@ def test_an_old_record_whose_meaning_changed_without_an_option_is_refused_by_nam
         make("string2d", seed=1, freqs="golden").load_state_dict(old)
     make("string2d", seed=1, freqs="axial").load_state_dict(format1(make("string2d", freqs="axial")))
     make("string2d", seed=1, freqs="golden").load_state_dict(make("string2d", freqs="golden").state_dict())
+
+
+def test_a_record_set_by_item_loads_and_one_set_as_an_attribute_is_left() -> None:
+    """Loaders that set a model's tensors by name: by item (accelerate's ``module._buffers[name] = value``) a record
+    is loaded, checked; as an attribute (``setattr`` or ``register_buffer``: transformers' uninitialised memory for a
+    key a checkpoint lacks) it is left, and the module keeps its settings."""
+    positions = make("rope2d").vispos
+    before = dict(positions.settings)
+    garbage = torch.full_like(positions.get_extra_state(), 7)  # no JSON
+    positions._extra_state = garbage
+    positions.register_buffer("_extra_state", garbage.clone())
+    assert positions.settings == before
+    assert "_extra_state" not in dict(positions.named_buffers())
+    with pytest.raises(ValueError, match="damaged"):
+        positions._buffers["_extra_state"] = garbage  # the tensor a setattr gave before: loaded all the same
+    positions._buffers["_extra_state"] = make("rope2d").vispos.get_extra_state()
+    assert positions.settings == before

@@ -17,7 +17,9 @@ Loaders that set a model's tensors one by one by name (accelerate's ``set_module
 ``expose_records``: in a module's buffers ``_extra_state`` reads as its record and takes one, which the module
 loads (checked as ``load_state_dict`` checks it); it is never listed among the buffers, so that ``named_buffers``,
 ``.to()``, ``to_empty`` and offloading hooks never see it, and never stored twice. Setting the attribute
-(``setattr``), as transformers' loader does with uninitialised memory for each key a checkpoint lacks, leaves it.
+(``setattr``, which torch does through ``register_buffer``), as transformers' loader does with uninitialised memory
+for each key a checkpoint lacks, leaves it: torch announces every ``register_buffer`` to its buffer-registration
+hooks, and vispos's (``_announce``) tells the slot which tensor is being registered rather than loaded.
 
 Older records still load: format 1 (the JSON unpadded, any length) and vispos 0.1's dicts. A state dict
 cast wholesale to another dtype (``bfloat16``, ``float16``, an integer type) keeps its records readable,
@@ -26,8 +28,8 @@ since those types hold the bytes 0-255 exactly.
 
 from __future__ import annotations
 
+import functools
 import json
-import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -121,18 +123,19 @@ KEY = "_extra_state"  # torch's name for a module's extra state in a state dict
 # uninitialised tensor (``torch.empty_like``) in place of each key the checkpoint lacks before initialising them,
 # and the record of a module is not a weight to initialise: the module keeps its settings. Loaders that set a
 # record read from a checkpoint do it by item (accelerate's ``module._buffers[name] = value``) or call
-# ``set_extra_state`` (transformers').
-_REGISTER_BUFFER = torch.nn.Module.register_buffer.__code__
+# ``set_extra_state`` (transformers'). ``register_buffer`` calls torch's buffer-registration hooks with the tensor
+# just before it stores it: ``_announce`` names that tensor to the slot, which then takes it as no load.
 
 
 class RecordSlot(dict):
     """A module's ``_buffers`` in which ``_extra_state`` reads as the module's record (``get_extra_state``) and
-    setting it loads one (``set_extra_state``, then ``loaded``); the other buffers are as before. The record is
-    not among the items: the module's buffers are listed, moved and saved as without it."""
+    setting it by item loads one (``set_extra_state``, then ``loaded``); the other buffers are as before. The record
+    is not among the items: the module's buffers are listed, moved and saved as without it."""
 
     def __init__(self, buffers: Mapping[str, Any], owner: Any, loaded: Callable[[], None] | None) -> None:
         super().__init__(buffers)
         self.owner, self.loaded = owner, loaded
+        self.registering: object = None  # the tensor register_buffer is storing as the record (``_announce``)
 
     def __contains__(self, key: object) -> bool:
         return key == KEY or super().__contains__(key)
@@ -146,17 +149,36 @@ class RecordSlot(dict):
     def __setitem__(self, key: str, value: Any) -> None:
         if key != KEY:
             super().__setitem__(key, value)
-        elif sys._getframe(1).f_code is _REGISTER_BUFFER:  # setattr(module, "_extra_state", ...): _REGISTER_BUFFER
             return
-        elif isinstance(value, torch.Tensor) and not value.is_meta:  # a loader offloading it: nothing to read
+        registered = getattr(self, "registering", None) is value
+        self.registering = None
+        if registered:  # setattr(module, "_extra_state", ...) or register_buffer: no load
+            return
+        if isinstance(value, torch.Tensor) and not value.is_meta:  # meta: a loader offloading it, nothing to read
             self.owner.set_extra_state(value)
             if self.loaded is not None:
                 self.loaded()
 
 
+def _announce(module: Any, name: str, tensor: Any) -> None:
+    """torch's buffer-registration hook (every ``register_buffer``, ``setattr`` of a buffer's name included): a
+    record slot is told which tensor is registered as its record, so that storing it is not taken for a load."""
+    if name == KEY:
+        slot = module.__dict__.get("_buffers")
+        if isinstance(slot, RecordSlot):
+            slot.registering = tensor
+
+
+@functools.cache
+def _announcing() -> Any:
+    """``_announce`` registered once, with the first record slot (torch's hooks are global to its modules)."""
+    return torch.nn.modules.module.register_module_buffer_registration_hook(_announce)
+
+
 def expose_records(root: Any, loaded: Callable[[], None] | None = None) -> None:
     """Give every module under ``root`` (a ``torch.nn.Module``) that has a settings record a ``RecordSlot`` for
     buffers; ``loaded``: called after any but ``root``'s own record is set that way (``root`` follows its own)."""
+    _announcing()
     for module in root.modules():
         if type(module).get_extra_state is torch.nn.Module.get_extra_state:
             continue

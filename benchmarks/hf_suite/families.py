@@ -8,6 +8,7 @@ model class wrapped so that every instance the common tests build (``model_class
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -113,6 +114,7 @@ def construct(cls: type, family: Family, scheme: str) -> type:
         cls.__init__(self, config, *args, **kwargs)
         vispos.patch(self, pos, inherit=inherit)
 
+    __init__.__signature__ = inspect.signature(cls.__init__)  # the options it takes (use_mask_token), read by tests
     return type(cls.__name__, (cls,), {"__init__": __init__, "__module__": cls.__module__,
                                        "__qualname__": cls.__qualname__})  # fmt: skip
 

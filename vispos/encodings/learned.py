@@ -223,8 +223,8 @@ class Learned2d(nn.Module):
         whose grid is ``grid`` -> [M, dim]: ``grid_sample`` samples the table there (``sample``); ``resize``
         interpolates the table resized to ``grid`` bicubically between its cells (its own rows at integer
         cells, clamped to its border)."""
-        if prefix:
-            return self.prefix
+        if prefix:  # a view, not the parameter itself: a forward's outputs are results (module hooks such as
+            return self.prefix.view_as(self.prefix)  # torch's ModuleTracker hook the outputs' autograd nodes)
         h, w = check_grid(grid)
         if cells is not None:
             if self.resample == "grid_sample":

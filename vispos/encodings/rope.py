@@ -28,6 +28,7 @@ from torch import nn
 from .._state import decode, encode
 from .._validate import check_choice, check_dim, check_float, check_positions
 from ..registry import register
+from .rope_eager import RotateHalf, _table, rotate_half_in_place
 from .rope_fused import fused_basis, fused_blocks
 from .rope_scaling import RopeScaling, as_scaling, check_scaling_dim, scaled_inv_freq
 
@@ -63,42 +64,28 @@ def _promoting(x: torch.Tensor) -> torch.Tensor:
     return x if x.dtype in PROMOTING else x.float()
 
 
-def _table(t: torch.Tensor) -> torch.Tensor:
-    """cos or sin in at least fp32 (as they meet an fp32 x in the products): a no-op for the fp32 tables."""
-    return t if t.dtype in (torch.float32, torch.float64) else t.float()
+def _traced() -> bool:
+    """Inside a trace or a compile: the rotation stays the formula, which the compiler fuses."""
+    return torch.compiler.is_compiling() or torch.jit.is_tracing()
 
 
 def _eager_inference(*tensors: torch.Tensor) -> bool:
     """No autograd graph to record and no trace or compile: the rotation may write into its output in place."""
-    traced = torch.compiler.is_compiling() or torch.jit.is_tracing()
-    return not traced and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
-
-
-def rotate_half_in_place(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """``apply_rope`` in the ``half`` layout in three passes and no rotate-half copy, for eager inference:
-    out = x cos (fp32), then per half a multiply-add of the other half by sin (out[:h] - x2 sin, out[h:] + x1 sin),
-    in place for fp32, or written straight into x's dtype from the fp32 sums for bf16 / fp16 (one rounding, as
-    ``apply_rope``'s final cast). Equal to ``apply_rope`` within an fp32 rounding of the sum."""
-    h = x.shape[-1] // 2
-    cos, sin = _table(cos), _table(sin)
-    x1, x2 = x[..., :h], x[..., h:]
-    products = x * cos  # fp32 (x's dtype at most fp32's precision, the tables fp32)
-    # in the products' layout (x's: the qkv buffer's order, which SDPA's output then follows, so that the heads
-    # are merged afterwards without a copy)
-    out = products if products.dtype == x.dtype else torch.empty_like(products, dtype=x.dtype)
-    torch.addcmul(products[..., :h], x2, sin[..., :h], value=-1, out=out[..., :h])
-    torch.addcmul(products[..., h:], x1, sin[..., h:], out=out[..., h:])
-    return out
+    return not _traced() and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "half") -> torch.Tensor:
     """Rotate x [..., N, d] by per-channel cos/sin [..., N, d] (broadcast); fp32 maths, x's dtype out.
     The channel shuffle (negation and concatenation, exact) runs in x's dtype; the products promote to fp32.
-    In eager inference the ``half`` layout takes ``rotate_half_in_place`` (three passes instead of about ten)."""
+    In eager mode the ``half`` layout takes three passes instead of about ten (``rope_eager``): in place at
+    inference, with gradients through ``RotateHalf`` (its backward the inverse rotation); a trace or compile
+    keeps this formula."""
     if layout == RFFT:
         return apply_rfft(x, cos, sin)
-    if layout == "half" and x.dtype in PROMOTING and cos.dtype in TABLES and _eager_inference(x, cos, sin):
-        return rotate_half_in_place(x, cos, sin)
+    if layout == "half" and x.dtype in PROMOTING and cos.dtype in TABLES and sin.dtype in TABLES and not _traced():
+        if _eager_inference(x, cos, sin):
+            return rotate_half_in_place(x, cos, sin)
+        return RotateHalf.apply(x, cos, sin)
     rot = rotate_half if layout == "half" else rotate_interleaved
     xp = _promoting(x)
     return (xp * _table(cos) + rot(xp) * _table(sin)).to(x.dtype)

@@ -38,6 +38,7 @@ from ..attention import as_float_mask, combine_masks, flex_bias_attention, query
 from ..host import named_base
 from ..positions import PositionContext, Positions
 from .families import FAMILIES, naflex_layout, patch_conv, token_grid
+from .table_init import stand_in
 from .tower_modules import (
     PatchedMergedTower,
     PatchedPackedAttention,
@@ -85,35 +86,29 @@ class PatchedHost(PositionsHost):
         finally:
             self.embeddings.__dict__.pop("_vispos_context", None)
 
+    def _initialize_weights(self, module: nn.Module, *args: Any, **kwargs: Any) -> None:
+        """transformers' init step of one module (``initialize_weights`` takes each module of the host, children
+        first): on the embeddings, with a stand-in of the table the positions hold now (``table_init``); a table
+        module (CLIP, SigLIP) is visited first, as transformers visits it, the embeddings' last child."""
+        if not isinstance(module, PatchedEmbeddings) or getattr(module, "_is_hf_initialized", False):
+            super()._initialize_weights(module, *args, **kwargs)  # type: ignore[misc]
+            return
+        with stand_in(module, self.vispos) as table:
+            if isinstance(table, nn.Module):
+                super()._initialize_weights(table, *args, **kwargs)  # type: ignore[misc]
+            super()._initialize_weights(module, *args, **kwargs)  # type: ignore[misc]
 
     def _init_weights(self, module: nn.Module) -> None:
         """transformers' init of one module (``initialize_weights``, a load with missing weights, a meta-device
-        build): the family's own, with a stand-in (empty) for the table the positions hold now, which the family's
-        init writes to; vispos's modules are initialised as vispos initialises them (``init_positions``)."""
+        build): the family's own, with a stand-in for the table the positions hold now where it is not in place
+        yet; vispos's modules are initialised as vispos initialises them (``init_positions``)."""
         if init_positions(self, module):
             return
-        stand_in = _table_stand_in(module) if isinstance(module, PatchedEmbeddings) else None
-        try:
+        if not isinstance(module, PatchedEmbeddings):
             super()._init_weights(module)  # type: ignore[misc]
-        finally:
-            if stand_in is not None:
-                (module._parameters if stand_in in module._parameters else module._modules)[stand_in] = None
-
-
-def _table_stand_in(embeddings: nn.Module) -> str | None:
-    """Put an empty table where the family's was (``patching._remove_table`` left None); its name, or None."""
-    table = FAMILIES[embeddings.vispos_family].table
-    if table is None:
-        return None
-    name = table.split(".")[0]
-    width = embeddings.patch_embedding.weight.shape[0] if hasattr(embeddings, "patch_embedding") else None
-    if name in embeddings._parameters and embeddings._parameters[name] is None:
-        embeddings._parameters[name] = nn.Parameter(torch.empty(0))
-    elif name in embeddings._modules and embeddings._modules[name] is None:
-        embeddings._modules[name] = nn.Embedding(0, width or 1)
-    else:
-        return None
-    return name
+            return
+        with stand_in(module, self.vispos):
+            super()._init_weights(module)  # type: ignore[misc]
 
 
 class PatchedEmbeddings:
@@ -264,7 +259,7 @@ def patched(base: type, mixin: type) -> type:
         name = f"{_PREFIX}{mixin.__name__}:{where}]"
         namespace: dict[str, Any] = {"__module__": __name__, "__qualname__": name}
         if hasattr(base, "from_pretrained"):  # a PreTrainedModel: transformers' own, as its base is
-            namespace |= {"__init__": _not_built, "from_pretrained": classmethod(_not_built),
+            namespace |= {"__init__": _refusing(base.__init__), "from_pretrained": classmethod(_not_built),
                           "forward": _same_signature(mixin, base)}  # fmt: skip
             if hasattr(base, "is_custom_code"):
                 namespace["is_custom_code"] = classmethod(_base_is_custom_code)
@@ -284,6 +279,17 @@ def _same_signature(mixin: type, base: type) -> Any:
     forward.__signature__ = inspect.signature(base.forward)  # type: ignore[attr-defined]
     forward.__doc__ = impl.__doc__
     return forward
+
+
+def _refusing(init: Any) -> Any:
+    """A constructor that refuses (``_not_built``) with the signature of the one it stands for: what reads the
+    options a model class takes (transformers' tests: ``use_mask_token``) reads the family's."""
+
+    def __init__(self: nn.Module, *args: Any, **kwargs: Any) -> None:  # noqa: N807
+        _not_built(self, *args, **kwargs)
+
+    __init__.__signature__ = inspect.signature(init)  # type: ignore[attr-defined]
+    return __init__
 
 
 def _base(cls: type) -> type:

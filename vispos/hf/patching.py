@@ -63,10 +63,12 @@ def patch(
                       len(family.prefix) + registers)  # fmt: skip
     grid = train_grid(config, None if family.naflex else patch_conv(embeddings))
     positions = hosting.build_positions(shape, schemes, per_scheme, grid, len(family.prefix), kept, table=adopt)
-    if adopt is not None and not _adopted(positions, adopt):
+    adopted = adopt is not None and _adopted(positions, adopt)
+    if adopt is not None and not adopted:
         warn(f"this model's learned table {tuple(adopt.shape)} does not fit learned2d at the {grid[0]}x{grid[1]} "
              "grid of its config's image_size: learned2d starts fresh")  # fmt: skip
     _remove_table(embeddings, family)
+    embeddings.vispos_table_adopted = adopted  # learned2d takes the values of the family's init (table_init.py)
     vision.vispos = positions.train(vision.training)  # a model patched in eval mode stays in it
     vision.__class__ = patched(type(vision), PatchedHost)
     _register_recorded_outputs(vision)
@@ -150,10 +152,16 @@ def _refuse_flash(attention: Any, config: Any) -> None:
 
 
 def _remove_table(embeddings: nn.Module, family: Family) -> None:
-    """The family's table leaves the embeddings (None in its place, so the attribute still reads)."""
+    """The family's table leaves the embeddings (None in its place, so the attribute still reads); its shape is
+    kept (``vispos_table_shape``: the family's init draws a table of that shape, ``table_init.py``)."""
     if family.table is None:
         return
     name = family.table.split(".")[0]
+    table: object = embeddings
+    for part in family.table.split("."):
+        table = getattr(table, part, None)
+    if isinstance(table, torch.Tensor):
+        embeddings.vispos_table_shape = tuple(table.shape)
     if name in embeddings._parameters:
         del embeddings._parameters[name]
         embeddings.register_parameter(name, None)

@@ -54,6 +54,7 @@ from .model import (
     refuse_unplaced,
     token_grid,
 )
+from .pruning import PrunesPositions
 
 PREFIX_ENTRIES = 3  # BEiT's class -> patch, patch -> class, class -> class, after the per-offset values
 
@@ -85,7 +86,7 @@ def after_beit_block(block: nn.Module, args: tuple, kwargs: dict[str, Any], out:
     return conditional_tokens(out, ctx)
 
 
-class PatchedBeit(PositionsHost, Beit):
+class PatchedBeit(PrunesPositions, PositionsHost, Beit):
     """Beit with vispos positions: the grid read from the input, the context handed to every block."""
 
     def no_weight_decay(self) -> set[str]:

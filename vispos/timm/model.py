@@ -34,6 +34,7 @@ from ..host import PositionsHost
 from ..positions import PositionContext, Positions
 from .attention import require_context
 from .inherit import timm_freqs
+from .pruning import PrunesPositions
 
 PREFIX_TOKENS: tuple[str, ...] = ("cls_token", "dist_token", "reg_token")  # timm's order
 
@@ -106,7 +107,7 @@ torch.fx.wrap("embed_tokens")
 torch.fx.wrap("conditional_tokens")
 
 
-class PatchedViT(PositionsHost):
+class PatchedViT(PrunesPositions, PositionsHost):
     """Mixin placed before the timm class: positions from ``self.vispos`` instead of timm's own. Each class made
     with it keeps the signatures of the timm forwards it replaces (``keep_signatures``)."""
 

@@ -47,6 +47,7 @@ from ..host import HostShape, OwnRope, PositionsHost
 from ..positions import PositionContext, Positions
 from .attention import PatchedAttention, positioned_attention
 from .model import LOAD_ADVICE, adopt_timm_checkpoint, keep_signatures, positional_groups, refuse_unplaced, token_grid
+from .pruning import PrunesPositions
 
 
 @dataclass
@@ -117,7 +118,7 @@ def after_sam_block(block: nn.Module, args: tuple, kwargs: dict[str, Any], out: 
     return ctx.positions.apply_conditional(out.reshape(b, h * w, c), ctx).reshape(b, h, w, c)
 
 
-class PatchedSam(PositionsHost, VisionTransformerSAM):
+class PatchedSam(PrunesPositions, PositionsHost, VisionTransformerSAM):
     """VisionTransformerSAM with vispos positions: the grid read from the input, the contexts handed to every block."""
 
     def no_weight_decay(self) -> set[str]:
@@ -214,7 +215,10 @@ def adopt_tables(attention: nn.ModuleList, model: VisionTransformerSAM) -> None:
                         f"block {i}'s {name} is {tuple(own.shape)}, its {'window' if blk.window_size else 'grid'} "
                         f"needs {tuple(table.shape)}: patch with inherit=False to start fresh tables"
                     )
-                table.copy_(own)
+                if own.is_meta:  # a model built on the meta device: the values arrive with its weights
+                    setattr(module, name, nn.Parameter(table.to("meta"), requires_grad=table.requires_grad))
+                else:
+                    table.copy_(own)
 
 
 # --- patch -----------------------------------------------------------------------------------------------

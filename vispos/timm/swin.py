@@ -47,6 +47,7 @@ from .._validate import check_bool
 from ..host import HostShape, PositionsHost, warn
 from ..positions import PositionContext, Positions
 from ..registry import SchemeInfo, build_in_context
+from .pruning import PrunesPositions
 from .swin_checkpoint import OWN_BIAS, adopt_own_bias, adopt_swin_checkpoint, resize_stage
 from .window import PatchedWindowAttention, partition, reverse, shift_mask
 
@@ -156,7 +157,7 @@ torch.fx.wrap("embed_patches")
 torch.fx.wrap("run_stage")
 
 
-class PatchedSwin(PositionsHost):
+class PatchedSwin(PrunesPositions, PositionsHost):
     """Mixin placed before timm's Swin class: positions from ``self.vispos`` (a ``SwinPositions``)."""
 
     vispos: SwinPositions

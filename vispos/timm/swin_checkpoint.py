@@ -95,16 +95,24 @@ def resize_stage(positions: Positions, window: tuple[int, int], *, follow_window
 
 
 def adopt_own_bias(stage: nn.Module, positions: Positions, family: type) -> bool:
-    """Copy each block's own bias into the stage's per-block scheme modules; -> whether cpb2d's offsets follow the
+    """Copy each block's own bias into the stage's per-block scheme modules (on a model built on the meta device,
+    theirs and ours are meta: the weights arrive with a checkpoint); -> whether cpb2d's offsets follow the
     window (Swin V2 without a ``pretrained_window_size``)."""
     own, source = OWN_BIAS[family]
     follow = False
     with torch.no_grad():
         for blk, module in zip(stage.blocks, positions.attention, strict=True):
             if own == "relbias2d":
-                module.table.copy_(blk.attn.relative_position_bias_table)
+                theirs = blk.attn.relative_position_bias_table
+                if theirs.is_meta:  # a model built on the meta device: the values arrive with its weights
+                    module.table = nn.Parameter(module.table.to("meta"), requires_grad=module.table.requires_grad)
+                else:
+                    module.table.copy_(theirs)
             else:
-                module.mlp.load_state_dict(blk.attn.cpb_mlp.state_dict())
+                if any(p.is_meta for p in blk.attn.cpb_mlp.parameters()):  # likewise
+                    module.mlp.to("meta")
+                else:
+                    module.mlp.load_state_dict(blk.attn.cpb_mlp.state_dict())
                 pretrained = tuple(blk.attn.pretrained_window_size)
                 if pretrained[0] > 0:
                     module.offset_grid = pretrained

@@ -44,6 +44,7 @@ from ..host import PositionsHost, warn
 from ..positions import Positions
 from ..registry import SchemeInfo
 from .model import LOAD_ADVICE, adopt_and_match, refuse_unplaced
+from .pruning import PrunesPositions
 from .swin import SwinPositions, _embed_positions, _stage_positions, embed_patches, run_stage
 from .swin_checkpoint import resize_stage
 from .window import PatchedWindowAttention
@@ -57,7 +58,7 @@ torch.fx.wrap("embed_patches")  # torch.fx leaves here too (fx wraps by the call
 torch.fx.wrap("run_stage")
 
 
-class PatchedSwinCr(PositionsHost):
+class PatchedSwinCr(PrunesPositions, PositionsHost):
     """Mixin placed before timm's SwinTransformerV2Cr: positions from ``self.vispos`` (a ``SwinPositions``)."""
 
     vispos: SwinPositions
@@ -207,6 +208,9 @@ def _adopt_meta_mlp(stage: nn.Module, positions: Positions) -> None:
     with torch.no_grad():
         for blk, module in zip(stage.blocks, positions.attention, strict=True):
             meta = blk.attn.meta_mlp
+            if meta.fc1.weight.is_meta:  # a model built on the meta device: the values arrive with its weights
+                module.mlp.to("meta")
+                continue
             for mine, theirs in ((module.mlp[0], meta.fc1), (module.mlp[2], meta.fc2)):
                 mine.weight.copy_(theirs.weight)
                 mine.bias.copy_(theirs.bias)

@@ -123,6 +123,13 @@ class PatchedWindowAttention(nn.Module):
             self.qkv_bias_separate = False
             self.q_bias = self.v_bias = self.k_bias = None
 
+    def init_non_persistent_buffers(self) -> None:
+        """timm's protocol for buffers a checkpoint does not hold (``reinit_non_persistent_buffers``, after
+        ``to_empty``): Swin V2's ``k_bias`` is zeros, as timm's attention sets it."""
+        if self.k_bias is not None:
+            with torch.no_grad():
+                self.k_bias.zero_()
+
     def set_window_size(self, window_size: tuple[int, int]) -> None:
         """What timm's ``block.set_input_size`` calls: the window is the positions' grid (``swin.py`` resizes
         the position tables once per stage, as Swin resizes its own)."""
