@@ -95,12 +95,17 @@ compiled-kernels: $(VENV)/.installed
 # into .cache/ at the first run, never into the repository: benchmarks/suite_sources.py). Each prints per family
 # and scheme passed / failed / skipped unpatched and patched, and fails on a test passing unpatched only that is
 # not listed with its reason. `make suites-ci` runs the named subset CI runs; the targets below run the whole.
+# They run in any interpreter that has vispos's dependencies (`make timm-tests PY=/path/to/python`); only with
+# $(VENV)'s own python do they build $(VENV) first.
+SUITE_VENV := $(if $(filter $(abspath $(VENV)/bin/python),$(abspath $(PY))),$(VENV)/.installed)
+# the interpreter as a path that holds after `cd` (a bare name is looked up on PATH)
+PY_CMD := $(if $(findstring /,$(PY)),$(abspath $(PY)),$(PY))
 # transformers: tests/test_modeling_common.py's ModelTesterMixin on every supported family (benchmarks/hf_suite/).
 HF_SUITE_K ?=
 # the subset CI runs: ViT (a learned table), DINOv3 (RoPE) and Qwen2-VL's tower (packed frames), without the 24
 # dtype / padding variants of the eager-vs-sdpa comparison
 HF_SUITE_CI_K := (Test_vit__ or Test_dinov3__ or Test_qwen2_vl__) and not eager_matches_sdpa_inference
-hf-suite: $(VENV)/.installed
+hf-suite: $(SUITE_VENV)
 	$(PY) -m pytest -q -p no:xdist -p no:cacheprovider -p benchmarks.hf_suite.plugin -o addopts="" \
 	  benchmarks/hf_suite/test_common.py $(if $(HF_SUITE_K),-k "$(HF_SUITE_K)")
 
@@ -111,11 +116,11 @@ TIMM_K ?=
 # the subset CI runs: a ViT and an EVA-02 (RoPE), the forward and intermediates tests
 TIMM_CI_MODELS := vit_tiny_patch16_224,eva02_tiny_patch14_224
 TIMM_CI_K := (test_model_forward or test_model_forward_intermediates) and not torchscript and not fx
-timm-tests: $(VENV)/.installed
-	cd $$($(PY) -m benchmarks.suite_sources timm) && PYTHONPATH=$(CURDIR) $(abspath $(PY)) -P -m pytest -q \
+timm-tests: $(SUITE_VENV)
+	cd $$($(PY) -m benchmarks.suite_sources timm) && PYTHONPATH=$(CURDIR) $(PY_CMD) -P -m pytest -q \
 	  -p no:xdist -p no:cacheprovider --import-mode=importlib -p benchmarks.timm_suite.plugin -o addopts="" \
 	  tests/test_models.py $(if $(TIMM_K),-k "$(TIMM_K)")
 
-suites-ci: $(VENV)/.installed
+suites-ci: $(SUITE_VENV)
 	$(MAKE) hf-suite HF_SUITE_K="$(HF_SUITE_CI_K)"
 	VISPOS_MODELS=$(TIMM_CI_MODELS) $(MAKE) timm-tests TIMM_K="$(TIMM_CI_K)"

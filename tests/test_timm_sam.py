@@ -237,3 +237,23 @@ def test_a_patched_sam_pickles_trains_and_needs_its_positions() -> None:
         model.blocks[0](torch.randn(1, 8, 8, 32))
     with pytest.raises(ValueError, match="already patched"):
         vispos.patch(model, "rope2d")
+
+
+@pytest.mark.parametrize("pos", [["learned2d", "decomposed2d"], ["rope2d", "peg2d"]], ids=["inherited", "rope2d-peg2d"])
+def test_fx_feature_extraction_traces_the_patched_sam(pos: list[str]) -> None:
+    """timm's torch.fx path (``create_feature_extractor``, its leaf modules and functions; timm's own SAM traces):
+    the traced model, at the native size and at another, gives the patched model's outputs."""
+    from timm.models import create_feature_extractor
+    from torchvision.models.feature_extraction import get_graph_node_names
+
+    model = patched(sam(), pos, inherit=pos[0] == "learned2d")
+    last = get_graph_node_names(model)[1][-1]
+    extractor = create_feature_extractor(model, return_nodes={"blocks.1": "global", last: "out"})
+    caught: dict[str, torch.Tensor] = {}
+    model.blocks[1].register_forward_hook(lambda _m, _a, y: caught.__setitem__("global", y))
+    with torch.no_grad():
+        for size in SIZES:
+            x = torch.randn(1, 3, *size)
+            features, out = extractor(x), model(x)
+            torch.testing.assert_close(features["out"], out, rtol=0, atol=0)
+            torch.testing.assert_close(features["global"], caught["global"], rtol=0, atol=0)

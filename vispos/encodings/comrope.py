@@ -80,6 +80,13 @@ class ComRope2d(nn.Module):
             self.register_buffer("mask", axis_partition_mask(AXES, blocks), persistent=False)  # [2, M, 1, 1]
         self.cache = InferenceCache()  # the rotations of the last grids, at inference
 
+    @torch.no_grad()
+    def init_non_persistent_buffers(self) -> None:
+        """timm's protocol for buffers a checkpoint does not hold (``reinit_non_persistent_buffers``, after
+        ``to_empty``): the axis partition of the generator blocks (comrope-ap) is set again from the options."""
+        if self.variant == "ap":
+            self.mask.copy_(axis_partition_mask(AXES, self.dim // self.block_size))
+
     def generators(self) -> torch.Tensor:
         """Pairwise commuting skew generators [heads, 2 (x, y), d/b, b, b]."""
         skew = (self.base - self.base.transpose(-1, -2))[:, None]  # [heads, 1, M, b, b]

@@ -176,6 +176,12 @@ class Rope2dGolden(nn.Module):
                             max_freq=self.max_freq, spacing=self.spacing, zero_freqs=self.zero_freqs,
                             per_head=self.per_head)  # fmt: skip
 
+    @torch.no_grad()
+    def init_non_persistent_buffers(self) -> None:
+        """timm's protocol for buffers a checkpoint does not hold (``reinit_non_persistent_buffers``, after
+        ``to_empty``): the fixed frequencies are computed again from the options."""
+        self.freqs.copy_(self.table())
+
     def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> nn.Module:
         """Module casts move the table but leave it fp32 and unrounded (``.to(torch.bfloat16)`` would
         round magnitudes up to 20 by 0.04 rad per unit): fixed RoPE maths stays fp32, as in timm."""

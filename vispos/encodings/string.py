@@ -116,9 +116,20 @@ class String2d(nn.Module):
             init = Rope2dMixed.init_freqs(self.dim, self.num_heads, self.theta)  # [2, heads, d/2]
             self.freqs = nn.Parameter(init.transpose(0, 1).contiguous())  # [heads, 2, d/2]
         else:
-            fixed = axial_freqs(self.dim, self.theta) if self.freq_kind == "axial" else golden_freqs(
-                self.dim, self.num_heads, theta=self.theta)  # fmt: skip
-            self.register_buffer("freqs", fixed, persistent=False)  # [2, d/2] or [heads, 2, d/2]
+            self.register_buffer("freqs", self.fixed_freqs(), persistent=False)  # [2, d/2] or [heads, 2, d/2]
+
+    def fixed_freqs(self) -> torch.Tensor:
+        """The fixed frequencies of ``freqs='axial'`` [2, d/2] or ``'golden'`` [heads, 2, d/2], fp32."""
+        if self.freq_kind == "axial":
+            return axial_freqs(self.dim, self.theta)
+        return golden_freqs(self.dim, self.num_heads, theta=self.theta)
+
+    @torch.no_grad()
+    def init_non_persistent_buffers(self) -> None:
+        """timm's protocol for buffers a checkpoint does not hold (``reinit_non_persistent_buffers``, after
+        ``to_empty``): fixed frequencies (``freqs='axial'`` or ``'golden'``) are computed again from the options."""
+        if self.variant == "cayley" and self.freq_kind != "mixed":
+            self.freqs.copy_(self.fixed_freqs())
 
     def basis(self) -> torch.Tensor:
         """P [heads, d, d], orthogonal, in fp32 (Cayley-STRING)."""

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.fx
 from timm.models._features import feature_take_indices
 from timm.models.vision_transformer_sam import Attention as SamAttention
 from timm.models.vision_transformer_sam import Block as SamBlock
@@ -46,7 +47,15 @@ from ..encodings.decomposed import Decomposed2d
 from ..host import HostShape, OwnRope, PositionsHost
 from ..positions import PositionContext, Positions
 from .attention import PatchedAttention, positioned_attention
-from .model import LOAD_ADVICE, adopt_timm_checkpoint, keep_signatures, positional_groups, refuse_unplaced, token_grid
+from .model import (
+    LOAD_ADVICE,
+    adopt_timm_checkpoint,
+    embed_tokens,
+    keep_signatures,
+    positional_groups,
+    refuse_unplaced,
+    token_grid,
+)
 from .pruning import PrunesPositions
 
 
@@ -63,6 +72,14 @@ def sam_positions(positions: Positions, grid: tuple[int, int], window_size: int,
     """Both contexts of a forward at ``grid``: built once, the window one shared by every window."""
     window = positions.context((window_size, window_size), device) if window_size > 0 else None
     return SamPositions(positions.context(grid, device), window)
+
+
+# torch.fx leaves (as in model.py: fx.wrap patches the names of the module that calls them): the grid-dependent
+# steps read sizes as Python numbers, and the positions of a forward are a Python object, not a tensor
+torch.fx.wrap("token_grid")
+torch.fx.wrap("embed_tokens")
+torch.fx.wrap("sam_positions")
+torch.fx.wrap("positioned_attention")
 
 
 class PatchedSamAttention(PatchedAttention):
@@ -89,7 +106,7 @@ class PatchedSamBlock(SamBlock):
 
     def forward(self, x: torch.Tensor, positions: SamPositions | None = None) -> torch.Tensor:  # type: ignore[override]
         """x [B, H, W, C] -> [B, H, W, C], as timm's block, with positions."""
-        if not isinstance(positions, SamPositions):
+        if not isinstance(positions, (SamPositions, torch.fx.Proxy)):  # a Proxy: traced by torch.fx
             raise ValueError(
                 "a vispos-patched SAM block needs the positions of the forward pass: call the model, or build them "
                 "with positions = model.vispos_context(images) and call each block as block(tokens, positions)"
@@ -146,7 +163,7 @@ class PatchedSam(PrunesPositions, PositionsHost, VisionTransformerSAM):
         grid = token_grid(self.patch_embed, x)  # refuses a size the patches do not divide
         x = self.patch_embed(x)  # [B, H, W, C]
         b, h, w, c = x.shape
-        x = self.vispos.add_to_patches(x.reshape(b, h * w, c), grid).reshape(b, h, w, c)
+        x = embed_tokens(self.vispos, x, []).reshape(b, h, w, c)
         x = self.norm_pre(self.patch_drop(self.pos_drop(x)))
         return x, sam_positions(self.vispos, grid, self.vispos_window_size, x.device)
 
