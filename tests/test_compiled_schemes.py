@@ -65,7 +65,8 @@ def test_every_scheme_compiles_as_eager_within_its_kernel_budget_without_recompi
     training = mode == "training"  # one size: a new size's training graph is the host's recompile (below)
     work = compiled_work(build(scheme, SIZE, **TINY), SIZE, 2, train=training, resize=not training, compare=True)
     added = work.minus(unpatched(mode))
-    print(f"{scheme} {mode}: +{added.kernels} kernels, +{added.library} library calls, error {work.error:.1e}")
+    print(f"{scheme} {mode}: +{added.kernels} kernels, +{added.library} library calls, "
+          f"{added.bytes / 1e6:+.3f} MB by inductor's estimate, error {work.error:.1e}")
     assert work.error < 1e-4, f"compiled outputs differ from eager by {work.error}"
     # a third image size does not recompile at inference. A training step is run at one size: the unpatched ViT's
     # training step recompiles at a new size, and inductor fails on that graph with torch 2.14.1 (the backward of
