@@ -44,6 +44,8 @@ OVER = {
     "table, not yet attributed kernel by kernel"),
     ("fire2d", "training"): (18, "18 kernels over 2 layers where the budget gives 8: the backward of the per-layer MLP "
     "table, not yet attributed kernel by kernel"),
+    ("relbias2d", "training"): (10, "10 kernels over 2 layers where the budget gives 8: the backward of its gathered "
+    "per-layer table, not yet attributed kernel by kernel"),
     ("irpe2d_bias", "training"): (10, "10 kernels over 2 layers where the budget gives 8: the backward of its bucketed "
     "per-layer table, not yet attributed kernel by kernel"),
 }
