@@ -9,9 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vispos.encodings.liere import exponents
 from vispos.encodings.rope import LAYOUTS, apply_blocks, apply_rope, change_basis, rotate_half, rotate_interleaved
-from vispos.encodings.rope_fused import fused_basis, fused_blocks
+from vispos.encodings.rope_fused import coordinate_sum, fused_basis, fused_blocks
 from vispos.encodings.rotary_nd import linear_angles
 
 B, HEADS, N, D = 2, 3, 5, 8
@@ -50,5 +49,5 @@ def test_fused_basis_equals_the_basis_change_then_rope(layout: str, heads: bool,
 def test_exponents_and_angles_are_the_products_over_the_axes(heads: tuple[int, ...]) -> None:
     coords, generators, freqs = torch.randn(N, 2), torch.randn(*heads, 2, 4, 2, 2), torch.randn(*heads, 2, D // 2)
     expected = torch.einsum("na,...amij->...nmij", coords, generators)
-    torch.testing.assert_close(exponents(coords, generators), expected, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(coordinate_sum(coords, generators, 3), expected, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(linear_angles(coords, freqs), coords @ freqs, atol=1e-6, rtol=1e-6)

@@ -25,6 +25,7 @@ from ..registry import register
 from ._cache import InferenceCache
 from .coords2d import grid_coords
 from .rope import Rotary
+from .rope_fused import coordinate_sum
 
 # patch coordinates of the block-rotation schemes: ``liere`` linspace(0, n / n_train, n) per axis (LieRE);
 # ``unit`` patch centres (i + 0.5) / n in [0, 1] (ComRoPE); ``normalized`` centres in [-1, 1];
@@ -37,23 +38,12 @@ COORDS: tuple[str, ...] = ("liere", "unit", "normalized", "pixel")
 EXP_CHUNK = 2**20
 
 
-def exponents(coords: torch.Tensor, generators: torch.Tensor) -> torch.Tensor:
-    """sum_k p_k A_km: coords [N, A] x generators [(heads,) A, M, b, b] -> [(heads,) N, M, b, b] (contiguous),
-    fp32, as A elementwise products summed: one fused kernel under ``torch.compile`` (a product over A = 2 as a
-    matrix product is a library call with a copy before and after it)."""
-    c, g = coords.float(), generators.float().unsqueeze(-5)  # g: [(heads,) 1, A, M, b, b]
-    summed = c[:, 0, None, None, None] * g[..., 0, :, :, :]
-    for k in range(1, g.shape[-4]):
-        summed = summed + c[:, k, None, None, None] * g[..., k, :, :, :]
-    return summed
-
-
 def generator_rotations(coords: torch.Tensor, generators: torch.Tensor) -> torch.Tensor:
     """Block rotations exp(sum_k p_k A_km): coords [N, A] x generators [(heads,) A, M, b, b] (skew) ->
     [(heads,) N, M, b, b], in fp32 (``torch.linalg.matrix_exp``), ``EXP_CHUNK`` elements of exponent at a time
     in eager mode (a traced or compiled program keeps one call: its sizes may be symbolic)."""
     with torch.autocast(coords.device.type, enabled=False):  # autocast would run a product in bf16 / fp16
-        summed = exponents(coords, generators)  # [(heads,) N, M, b, b]
+        summed = coordinate_sum(coords, generators, 3)  # sum_k p_k A_km: [(heads,) N, M, b, b]
         axis = generators.dim() - 4  # the token axis: 1 with heads, else 0
         n, per_token = summed.shape[axis], summed[..., 0, :, :, :].numel() if axis else summed[0].numel()
         rows = max(2, EXP_CHUNK // per_token)

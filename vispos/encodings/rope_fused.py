@@ -18,6 +18,18 @@ import torch
 from einops import rearrange
 
 
+def coordinate_sum(coords: torch.Tensor, per_axis: torch.Tensor, trailing: int) -> torch.Tensor:
+    """sum_k p_k T_k: coords [N, A] x per-axis tables [(heads,) A, *rest] (``trailing`` = len(rest)) ->
+    [(heads,) N, *rest], fp32, as A elementwise products summed in order: under ``torch.compile`` one fused kernel
+    with what follows (a product over A = 2 as a matrix product is a library call with a copy before and after)."""
+    c, t = coords.float(), per_axis.float().unsqueeze(-trailing - 2)  # t: [(heads,) 1, A, *rest]
+    column = (slice(None), *([None] * trailing))  # p_k as [N, 1, ...]
+    summed = c[:, 0][column] * t.select(-trailing - 1, 0)
+    for k in range(1, c.shape[-1]):
+        summed = summed + c[:, k][column] * t.select(-trailing - 1, k)
+    return summed
+
+
 def row_products(matrices: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """matrices [..., i, j] times vectors x [..., j] (broadcast) -> [..., i]: the products summed over j."""
     return (matrices * x.unsqueeze(-2)).sum(-1)

@@ -27,6 +27,7 @@ from .._validate import check_bool, check_choice, check_dim, check_float, check_
 from ..registry import register
 from .coords2d import COORDS, CoordAugment, frame_coords, grid_coords
 from .rope import LAYOUTS, Rotary, expand_angles
+from .rope_fused import coordinate_sum
 from .rope_scaling import rope_inv_freq
 
 GOLDEN_ANGLE: float = math.pi * (3.0 - math.sqrt(5.0))  # 2 pi / phi^2, about 137.5 degrees
@@ -40,15 +41,10 @@ FREQ_RANGE: tuple[float, float] = (0.2, 20.0)  # golden-gate RoPE's ImageNet set
 
 def linear_angles(coords: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
     """coords [N, A] x freqs [(heads,) A, F] -> per-pair angles [(heads,) N, F] in fp32: <omega_j, p> (also
-    under autocast, which would run a product in bf16 / fp16: angles of tens of rad would lose 0.1 rad). The A
-    products summed elementwise, not a matrix product: under ``torch.compile`` they fuse into the rotation's
-    kernel (a product over A = 2 as a matrix product is a library call and a kernel more a layer)."""
+    under autocast, which would run a product in bf16 / fp16: angles of tens of rad would lose 0.1 rad), as the A
+    products summed (``coordinate_sum``): under ``torch.compile`` they fuse into the rotation's kernel."""
     with torch.autocast(coords.device.type, enabled=False):
-        c, f = coords.float(), freqs.float()
-        angles = c[:, 0, None] * f[..., 0, None, :]
-        for k in range(1, c.shape[-1]):
-            angles = angles + c[:, k, None] * f[..., k, None, :]
-        return angles
+        return coordinate_sum(coords, freqs, 1)
 
 
 def golden_freqs(
