@@ -1,4 +1,4 @@
-"""``irpe2d`` and ``irpe2d_bias`` against iRPE's released code (``tests/irpe_ref.py``, microsoft/Cream at 4a13c40).
+"""``irpe2d`` and ``irpe2d_bias`` against iRPE's released code (``tests/irpe_ref/``, microsoft/Cream at 4a13c40).
 
 - the bucket ids of the four methods equal the released ``get_bucket_ids_2d`` (prefix bucket included) at a
   training grid (14 x 14) and a larger, non-square one (18 x 23), at the released ratios and others, and the

@@ -35,8 +35,8 @@ schemes) when ``vispos`` is. The contract:
   the host). A scheme reads its weights only in the call of the module that holds them: offloading hooks
   (accelerate's ``cpu_offload``, ``disk_offload``) bring a module's weights in around its own call only.
 
-``pytest tests/test_registry.py tests/test_properties.py`` then covers the new scheme (shapes, dtypes,
-gradients, patching every timm model kind, declared relative property) with no test edits.
+``pytest tests/test_registry.py tests/test_scheme_outputs.py tests/test_properties.py`` then covers the new scheme
+(shapes, dtypes, gradients, patching every timm model kind, declared relative property) with no test edits.
 """
 
 from __future__ import annotations

@@ -1,37 +1,21 @@
-"""iRPE's released implementation, ported for the parity tests of ``irpe2d`` and ``irpe2d_bias``.
+"""iRPE's modules, as released: ``iRPE`` (bias mode and contextual mode, transposed for queries and keys, not
+for values) and ``iRPE_Cross``, their configuration (``get_rpe_config``, ``build_rpe``) and ``RPEAttention``,
+which adds them on the queries, keys and values.
 
-Source: microsoft/Cream at commit 4a13c4091e78f9abd2160e7e01c02e48c1cf8fb9: ``iRPE/DeiT-with-iRPE/irpe.py``
-(``piecewise_index`` to ``build_rpe``; byte-identical to ``iRPE/DETR-with-iRPE/models/rpe_attention/irpe.py``) and
-``RPEAttention`` of ``iRPE/DeiT-with-iRPE/rpe_vision_transformer.py``. Copyright (c) Microsoft Corporation.
-Licences: the repository's LICENSE is the MIT License (notice below); the ``iRPE/DeiT-with-iRPE`` folder carries
-the Apache License 2.0 (its LICENSE file and README, from DeiT, Copyright 2020 - present, Facebook, Inc), and
-``RPEAttention`` is adapted from timm (Copyright 2020 Ross Wightman, Apache License 2.0): you may not use those
-files except in compliance with the License, a copy of which is at http://www.apache.org/licenses/LICENSE-2.0;
-distributed on an "AS IS" BASIS, WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
-
-Changes (this notice is the prominent notice of them): docstrings and the ``__main__`` demo removed; ``easydict``
-replaced by a small ``dict`` with attribute access (``edict`` below); the CUDA extension ``rpe_ops`` not imported
-(``RPEIndexFunction = None``: the code's own pure-PyTorch path, which the released code takes when the extension
-is not built); ``RPEAttention.forward`` takes ``height`` and ``width`` and hands them to ``rpe_q``/``rpe_k``/
-``rpe_v``, as the released DETR attention does (the DeiT attention infers a square grid from the token count).
-Everything else (the bucketing, its buffers, the lookups, the order of operations) is the released code.
-
-MIT License. Copyright (c) Microsoft Corporation.
-Permission is hereby granted, free of charge, to any person obtaining a copy of this software and associated
-documentation files (the "Software"), to deal in the Software without restriction, including without limitation
-the rights to use, copy, modify, merge, publish, distribute, sublicense, and/or sell copies of the Software, and to
-permit persons to whom the Software is furnished to do so, subject to the following conditions: The above copyright
-notice and this permission notice shall be included in all copies or substantial portions of the Software.
-THE SOFTWARE IS PROVIDED "AS IS", WITHOUT WARRANTY OF ANY KIND, EXPRESS OR IMPLIED, INCLUDING BUT NOT LIMITED TO THE
-WARRANTIES OF MERCHANTABILITY, FITNESS FOR A PARTICULAR PURPOSE AND NONINFRINGEMENT. IN NO EVENT SHALL THE AUTHORS OR
-COPYRIGHT HOLDERS BE LIABLE FOR ANY CLAIM, DAMAGES OR OTHER LIABILITY, WHETHER IN AN ACTION OF CONTRACT, TORT OR
-OTHERWISE, ARISING FROM, OUT OF OR IN CONNECTION WITH THE SOFTWARE OR THE USE OR OTHER DEALINGS IN THE SOFTWARE.
+Source: microsoft/Cream at 4a13c40, ``iRPE/DeiT-with-iRPE/irpe.py`` from ``iRPE`` to ``build_rpe``, and
+``RPEAttention`` of ``iRPE/DeiT-with-iRPE/rpe_vision_transformer.py`` (adapted from timm, Copyright 2020 Ross
+Wightman, Apache License 2.0).
+Copyright (c) Microsoft Corporation; MIT License, the ``iRPE/DeiT-with-iRPE`` folder under the Apache License 2.0.
+Changed from the released file: split in two here, the changes listed in this package's notice
+(``irpe_ref/__init__.py``), which also holds the licence texts.
 """
 
 # ruff: noqa
 import math
 import torch
 import torch.nn as nn
+
+from .buckets import METHOD, get_bucket_ids_2d, get_num_buckets
 
 RPEIndexFunction = None  # rpe_ops (CUDA) not built: the released pure-PyTorch path
 
@@ -41,195 +25,6 @@ class edict(dict):
 
     __getattr__ = dict.__getitem__
     __setattr__ = dict.__setitem__
-
-
-@torch.no_grad()
-def piecewise_index(relative_position, alpha, beta, gamma, dtype):
-    rp_abs = relative_position.abs()
-    mask = rp_abs <= alpha
-    not_mask = ~mask
-    rp_out = relative_position[not_mask]
-    rp_abs_out = rp_abs[not_mask]
-    y_out = (torch.sign(rp_out) * (alpha +
-                                   torch.log(rp_abs_out / alpha) /
-                                   math.log(gamma / alpha) *
-                                   (beta - alpha)).round().clip(max=beta)).to(dtype)
-
-    idx = relative_position.clone()
-    if idx.dtype in [torch.float32, torch.float64]:
-        # round(x) when |x| <= alpha
-        idx = idx.round().to(dtype)
-
-    # assign the value when |x| > alpha
-    idx[not_mask] = y_out
-    return idx
-
-
-def get_absolute_positions(height, width, dtype, device):
-    rows = torch.arange(height, dtype=dtype, device=device).view(
-        height, 1).repeat(1, width)
-    cols = torch.arange(width, dtype=dtype, device=device).view(
-        1, width).repeat(height, 1)
-    return torch.stack([rows, cols], 2)
-
-
-@torch.no_grad()
-def quantize_values(values):
-    # quantize and re-assign bucket id
-    res = torch.empty_like(values)
-    uq = values.unique()
-    cnt = 0
-    for (tid, v) in enumerate(uq):
-        mask = (values == v)
-        cnt += torch.count_nonzero(mask)
-        res[mask] = tid
-    assert cnt == values.numel()
-    return res, uq.numel()
-
-
-class METHOD:
-    EUCLIDEAN = 0
-    QUANT = 1
-    PRODUCT = 3
-    CROSS = 4
-    CROSS_ROWS = 41
-    CROSS_COLS = 42
-
-
-@torch.no_grad()
-def _rp_2d_euclidean(diff, **kwargs):
-    dis = diff.square().sum(2).float().sqrt().round()
-    return piecewise_index(dis, **kwargs)
-
-
-@torch.no_grad()
-def _rp_2d_quant(diff, **kwargs):
-
-    dis = diff.square().sum(2)
-    return piecewise_index(dis, **kwargs)
-
-
-@torch.no_grad()
-def _rp_2d_product(diff, **kwargs):
-    # convert beta to an integer since beta is a float number.
-    beta_int = int(kwargs['beta'])
-    S = 2 * beta_int + 1
-    # the output of piecewise index function is in [-beta_int, beta_int]
-    r = piecewise_index(diff[:, :, 0], **kwargs) + \
-        beta_int  # [0, 2 * beta_int]
-    c = piecewise_index(diff[:, :, 1], **kwargs) + \
-        beta_int  # [0, 2 * beta_int]
-    pid = r * S + c
-    return pid
-
-
-@torch.no_grad()
-def _rp_2d_cross_rows(diff, **kwargs):
-    dis = diff[:, :, 0]
-    return piecewise_index(dis, **kwargs)
-
-
-@torch.no_grad()
-def _rp_2d_cross_cols(diff, **kwargs):
-
-    dis = diff[:, :, 1]
-    return piecewise_index(dis, **kwargs)
-
-
-# Define a mapping from METHOD_ID to Python function
-_METHOD_FUNC = {
-    METHOD.EUCLIDEAN: _rp_2d_euclidean,
-    METHOD.QUANT: _rp_2d_quant,
-    METHOD.PRODUCT: _rp_2d_product,
-    METHOD.CROSS_ROWS: _rp_2d_cross_rows,
-    METHOD.CROSS_COLS: _rp_2d_cross_cols,
-}
-
-
-def get_num_buckets(method, alpha, beta, gamma):
-    beta_int = int(beta)
-    if method == METHOD.PRODUCT:
-        # IDs in [0, (2 * beta_int + 1)^2) for Product method
-        num_buckets = (2 * beta_int + 1) ** 2
-    else:
-        # IDs in [-beta_int, beta_int] except of Product method
-        num_buckets = 2 * beta_int + 1
-    return num_buckets
-
-
-# (method, alpha, beta, gamma) -> (bucket_ids, num_buckets, height, width)
-BUCKET_IDS_BUF = dict()
-
-
-@torch.no_grad()
-def get_bucket_ids_2d_without_skip(method, height, width,
-                                   alpha, beta, gamma,
-                                   dtype=torch.long, device=torch.device('cpu')):
-
-    key = (method, alpha, beta, gamma, dtype, device)
-    value = BUCKET_IDS_BUF.get(key, None)
-    if value is None or value[-2] < height or value[-1] < width:
-        if value is None:
-            max_height, max_width = height, width
-        else:
-            max_height = max(value[-2], height)
-            max_width = max(value[-1], width)
-        # relative position encoding mapping function
-        func = _METHOD_FUNC.get(method, None)
-        if func is None:
-            raise NotImplementedError(
-                f"[Error] The method ID {method} does not exist.")
-        pos = get_absolute_positions(max_height, max_width, dtype, device)
-
-        # compute the offset of a pair of 2D relative positions
-        max_L = max_height * max_width
-        pos1 = pos.view((max_L, 1, 2))
-        pos2 = pos.view((1, max_L, 2))
-        # diff: shape of (L, L, 2)
-        diff = pos1 - pos2
-
-        # bucket_ids: shape of (L, L)
-        bucket_ids = func(diff, alpha=alpha, beta=beta,
-                          gamma=gamma, dtype=dtype)
-        beta_int = int(beta)
-        if method != METHOD.PRODUCT:
-            bucket_ids += beta_int
-        bucket_ids = bucket_ids.view(
-            max_height, max_width, max_height, max_width)
-
-        num_buckets = get_num_buckets(method, alpha, beta, gamma)
-        value = (bucket_ids, num_buckets, height, width)
-        BUCKET_IDS_BUF[key] = value
-    L = height * width
-    bucket_ids = value[0][:height, :width, :height, :width].reshape(L, L)
-    num_buckets = value[1]
-
-    return bucket_ids, num_buckets, L
-
-
-@torch.no_grad()
-def get_bucket_ids_2d(method, height, width,
-                      skip, alpha, beta, gamma,
-                      dtype=torch.long, device=torch.device('cpu')):
-    bucket_ids, num_buckets, L = get_bucket_ids_2d_without_skip(method, height, width,
-                                                                alpha, beta, gamma,
-                                                                dtype, device)
-
-    # add an extra encoding (id = num_buckets) for the classification token
-    if skip > 0:
-        new_bids = bucket_ids.new_empty(size=(skip + L, skip + L))
-
-        # if extra token exists, we add extra bucket as its encoding.
-        extra_bucket_id = num_buckets
-        num_buckets += 1
-
-        new_bids[:skip] = extra_bucket_id
-        new_bids[:, :skip] = extra_bucket_id
-        new_bids[skip:, skip:] = bucket_ids
-
-        bucket_ids = new_bids
-    bucket_ids = bucket_ids.contiguous()
-    return bucket_ids, num_buckets
 
 
 class iRPE(nn.Module):
