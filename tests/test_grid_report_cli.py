@@ -3,12 +3,15 @@ anywhere on the line, progress while ``--jobs`` trains, the quick run's docs quo
 
 from __future__ import annotations
 
+import json
 import re
+import shlex
 from pathlib import Path
 
 import pytest
 
 from train import grid_report
+from train.evaluation.results import RunResult
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = "configs/grid_tasks_quick.yaml"
@@ -79,3 +82,17 @@ def test_the_report_names_the_command_that_makes_it_again() -> None:
     assert grid_report.report_command(chosen) == (
         f"python -m train.grid_report --config {CONFIG} --tasks grid_lookup grid_count --control-schemes nope "
         "train.epochs=1")
+
+
+@pytest.mark.parametrize("report", sorted(str(p.parent.relative_to(ROOT / "docs/grid_tasks"))
+                                          for p in (ROOT / "docs/grid_tasks").rglob("results.json")))
+def test_committed_report_is_what_the_generator_writes(report: str) -> None:
+    """Each committed grid report is format_report of its results.json, and the command in its header is the one
+    that makes it again: the tasks it holds, named where they are not the config's default."""
+    folder = ROOT / "docs/grid_tasks" / report
+    md = (folder / "results.md").read_text()
+    command, seconds = re.match(r"Made by `([^`]+)` in (\d+) s", md.splitlines()[2]).groups()
+    results = {task: RunResult.from_json(r) for task, r in json.loads((folder / "results.json").read_text()).items()}
+    args = grid_report._parse(shlex.split(command)[3:])
+    assert args.tasks == list(results) and grid_report.report_command(args) == command
+    assert grid_report.format_report(results, command, float(seconds)) == md

@@ -15,10 +15,11 @@ import torch
 from train import grid_report
 from train.config.sections import ConfigError
 from train.engine import checkpoint as ckpt_io
+from train.engine.schedule import warmup_cosine, warmup_steps
 from train.engine.trainer import StopRequested
-from train.evaluation.convergence import Convergence, plateau, verdict_cell
+from train.evaluation.convergence import Convergence, lr_window, plateau, rule_text, verdict_cell
 from train.evaluation.report import write_outputs
-from train.evaluation.results import RunResult, combine_seeds
+from train.evaluation.results import RunResult, combine_seeds, lr_window_of_config
 from train.experiment.run import run_experiment
 from train.testing import tiny_config
 
@@ -96,6 +97,22 @@ def test_verdict_cells_for_one_seed_and_several() -> None:
     assert verdict_cell([None]) == "–"
     assert verdict_cell([yes, dataclasses.replace(yes, gain=0.4), no]) == "2/3 (+3.1 max)"
     assert verdict_cell([yes, None]) == "1/1 (+0.2 max; 1 not checked)" and verdict_cell([None, None]) == "–"
+
+
+@pytest.mark.parametrize(("warmup", "floor"), [(0.1, 0.0), (0.0, 0.0), (0.25, 0.1)])
+def test_lr_window_is_the_trainers_schedule_over_the_fifth_before_the_last(warmup: float, floor: float) -> None:
+    total = 100_000  # steps as fine as fractions: the schedule itself, at 60 % and 80 % of the run
+    w = warmup_steps(warmup, total)
+    low, high = lr_window(warmup, floor)
+    assert low == pytest.approx(warmup_cosine(int(0.8 * total), total, w, floor=floor), abs=1e-4)
+    assert high == pytest.approx(warmup_cosine(int(0.6 * total), total, w, floor=floor), abs=1e-4)
+
+
+def test_the_reports_rule_states_the_window_of_the_runs_schedule() -> None:
+    assert "the learning rate is still 12-41 % of its peak" in rule_text(1.0, lr_window_of_config({}))
+    assert "still 10-35 % of its peak" in rule_text(1.0, lr_window_of_config({"train": {"warmup": 0.0}}))
+    half = lr_window_of_config({"train": {"warmup": 0.0, "lr": 1e-3, "min_lr": 5e-4}})
+    assert "still 55-67 % of its peak" in rule_text(1.0, half)
 
 
 # -- the curve in training

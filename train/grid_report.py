@@ -27,7 +27,7 @@ from .data.datasets import DataError
 from .data.grid_tasks import CONTROLS, GLYPH, classes_of
 from .evaluation.convergence import NOT_CHECKED, rule_text, verdict_cell
 from .evaluation.report import seed_tables, stat, within_of
-from .evaluation.results import RunResult, convergences
+from .evaluation.results import RunResult, convergences, lr_window_of_config
 from .experiment.loading import load_config
 from .experiment.run import run_experiment
 from .runtime.jobs import run_jobs
@@ -222,7 +222,8 @@ def format_convergence(results: dict[str, RunResult]) -> list[str]:
             if verdicts:
                 unchecked = unchecked or None in verdicts
                 lines.append(f"| {task} | {name} | {verdict_cell(verdicts)} | {learnt_cell(r, task, name)} |")
-    lines += ["", f"{rule_text(within)}." + (f" –: {NOT_CHECKED}." if unchecked else "") + " Learnt: top-1 at the "
+    rule = rule_text(within, lr_window_of_config(next(iter(results.values())).config))
+    lines += ["", f"{rule}." + (f" –: {NOT_CHECKED}." if unchecked else "") + " Learnt: top-1 at the "
               "training grid above chance by more than three standard errors of a chance-level accuracy on the "
               "evaluation images.", ""]
     return lines

@@ -63,9 +63,19 @@ def verdict_cell(verdicts: list[Convergence | None]) -> str:
             + (f"; {unchecked} not checked" if unchecked else "") + ")")
 
 
-def rule_text(within: float) -> str:
-    """The rule and its tolerance, in one sentence for a report."""
+def lr_window(warmup: float, floor: float = 0.0) -> tuple[float, float]:
+    """The learning rate, as a fraction of its peak, at the end and at the start of the fifth before the last
+    (80 % and 60 % of the steps), under train.engine.schedule's warm-up over ``warmup`` of the steps followed by
+    a cosine down to ``floor`` (min_lr / lr), with steps taken as fractions of the run."""
+    def at(t: float) -> float:
+        return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * (t - warmup) / (1.0 - warmup)))
+    return at(0.8), at(0.6)
+
+
+def rule_text(within: float, window: tuple[float, float]) -> str:
+    """The rule and its tolerance, in one sentence for a report; ``window`` is ``lr_window`` of the run."""
+    low, high = window
     return (f"converged: the mean validation accuracy (training size) over the last fifth of training gains at "
             f"most {within:g} points (train.converged_within) plus twice the gain's standard error from "
-            f"point-to-point noise over the fifth before, where a cosine schedule's learning rate is still 10-40 % "
-            f"of its peak")
+            f"point-to-point noise over the fifth before, where the learning rate is still {100 * low:.0f}-"
+            f"{100 * high:.0f} % of its peak")

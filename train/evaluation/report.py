@@ -11,7 +11,7 @@ import statistics
 from pathlib import Path
 
 from .convergence import NOT_CHECKED, rule_text, verdict_cell
-from .results import Accuracy, RunResult, SchemeResult, convergences, within_of_config
+from .results import Accuracy, RunResult, SchemeResult, convergences, lr_window_of_config, within_of_config
 
 PROTOCOL_TITLES = {
     "resize": "resize: image resized to the evaluation size (more tokens, same content)",
@@ -221,7 +221,8 @@ def write_outputs(results: RunResult, run_dir: Path) -> str:
             unchecked = unchecked or None in verdicts
             train_rows.append(f"| {name} | {t.seconds:.0f} | {ft} | {t.train_loss:.4f} | {val} | "
                               f"{verdict_cell(verdicts)} |")
-    train_rows += ["", f"{rule_text(within)}." + (f" –: {NOT_CHECKED}." if unchecked else "")]
+    rule = rule_text(within, lr_window_of_config(results.config))
+    train_rows += ["", f"{rule}." + (f" –: {NOT_CHECKED}." if unchecked else "")]
     md = "\n".join(notes) + tables + "\n" + "\n".join(extra) + "\n\n" + "\n".join(train_rows) + "\n"
     (run_dir / "results.md").write_text(md)
     plot(results, run_dir / "accuracy.png")

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config.sections import SchemeConfig, TrainConfig
-from .convergence import Convergence, plateau
+from .convergence import Convergence, lr_window, plateau
 
 Accuracy = dict[str, dict[int, float]]  # protocol -> evaluation size (px) -> top-1 accuracy (%)
 DEFAULT_WITHIN = TrainConfig.converged_within  # the tolerance of a results.json made before it was a setting
@@ -26,6 +26,15 @@ DEFAULT_WITHIN = TrainConfig.converged_within  # the tolerance of a results.json
 def within_of_config(config: dict[str, Any]) -> float:
     """The convergence tolerance (points) a run's config (as plain data) was made with."""
     return float(config.get("train", {}).get("converged_within", DEFAULT_WITHIN))
+
+
+def lr_window_of_config(config: dict[str, Any]) -> tuple[float, float]:
+    """The learning rate over the plateau test's fifth before the last, as fractions of its peak (``lr_window``),
+    under the schedule a run's config (as plain data) trained with."""
+    train = config.get("train", {})
+    lr = float(train.get("lr", TrainConfig.lr))
+    return lr_window(float(train.get("warmup", TrainConfig.warmup)),
+                     float(train.get("min_lr", TrainConfig.min_lr)) / lr if lr else 0.0)
 
 
 def accuracy_to_json(acc: Accuracy) -> dict[str, dict[str, float]]:
