@@ -29,12 +29,14 @@ CASES = [(s, "inference") for s in SCHEMES] + [
 # failures; a case that adds one more kernel fails, and one that comes within its budget fails until it is taken
 # off this list.
 OVER = {
-    ("cpb2d", "inference"): (5, "the MLP's input (the log-spaced offsets of the grid) is computed by every layer's "
-    "module, a kernel a layer where one for the model would do, beside the ReLU between the MLP's two library matrix "
-    "products and the mask"),
-    ("fire2d", "inference"): (5, "the MLP's input (FIRE's log-normalised offsets) is computed by every layer's "
-    "module, a kernel a layer where one for the model would do, beside the ReLU between the MLP's library matrix "
-    "products and the mask"),
+    ("cpb2d", "inference"): (5, "the MLP is two library matrix products, so each layer's table is elementwise work "
+    "in three places (the log-spaced offsets in, the ReLU between, the sigmoid out) beside the mask; the generated "
+    "code fuses the second layer's input into the first layer's output and every mask into one kernel, and leaves "
+    "the first layer's input a kernel of its own: 5 over 2 layers where the budget gives 4"),
+    ("fire2d", "inference"): (5, "the MLP is two library matrix products, so each layer's table is elementwise work "
+    "in three places (FIRE's log-normalised offsets in, the ReLU between, the table out) beside the mask; the "
+    "generated code fuses the second layer's input into the first layer's output and every mask into one kernel, "
+    "and leaves the first layer's input a kernel of its own: 5 over 2 layers where the budget gives 4"),
     ("decomposed2d", "inference"): (6, "each axis's product of q with its table (two einsums a layer, library matrix "
     "products) copies q into the product's layout first: two copies and the bias, three kernels a layer"),
     ("pape2d", "inference"): (6, "PaPE appends its channels to q and k and pads v to their width (attention takes one "
