@@ -88,7 +88,7 @@ clean:
 # leaves out; the suite checks a representative pair, tests/test_compiled_kernels.py). The table of
 # docs/performance.md: `$(PY) -m benchmarks.compiled_work --size 64 --batch 2`.
 compiled-kernels: $(VENV)/.installed
-	$(PY) -m pytest -q -n auto -p no:cacheprovider -m compiled tests/test_compiled_schemes.py
+	$(PY) -m pytest -q -n auto -p no:cacheprovider -m compiled tests/test_compiled_schemes.py tests/test_compiled_resample.py
 
 # The hosts' own test suites on vispos-patched models, each test unpatched, with the model's own positions
 # inherited and with a replacing scheme; the tests come from the sdist of the installed release (fetched by pip

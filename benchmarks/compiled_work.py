@@ -194,9 +194,9 @@ def measure(
     for mode in modes:
         torch.manual_seed(0)
         base = compiled_work(build(None, size, **kwargs), size, batch, train=mode == "training", resize=False)
-        # a training step runs at one size: the unpatched ViT's own training step recompiles at a new size, and
-        # inductor (torch 2.14.1) fails on that graph ("isIntList() INTERNAL ASSERT FAILED", the backward of the
-        # antialiased bicubic resampling of a table)
+        # a training step runs at one size: the unpatched ViT's fails at a second size (inductor, torch 2.14.1, on the
+        # backward of timm's table resampling: "isIntList() INTERNAL ASSERT FAILED"), and at a third every model's
+        # (an input-stride assertion, nope's included)
         resized = mode == "inference"
         for scheme in schemes:
             torch.manual_seed(0)

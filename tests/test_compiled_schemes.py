@@ -72,9 +72,10 @@ def test_every_scheme_compiles_as_eager_within_its_kernel_budget_without_recompi
     print(f"{scheme} {mode}: +{added.kernels} kernels, +{added.library} library calls, "
           f"{added.bytes / 1e6:+.3f} MB by inductor's estimate, error {work.error:.1e}")
     assert work.error < 1e-4, f"compiled outputs differ from eager by {work.error}"
-    # a third image size does not recompile at inference. A training step is run at one size: the unpatched ViT's
-    # training step recompiles at a new size, and inductor fails on that graph with torch 2.14.1 (the backward of
-    # the antialiased bicubic resampling of a table, "isIntList() INTERNAL ASSERT FAILED"; relbias2d's too)
+    # a third image size does not recompile at inference. A training step is run at one size: with these models'
+    # dynamic shapes (timm's dynamic_img_pad), inductor (torch 2.14.1) fails on a training step at a third size with
+    # an input-stride assertion, the unpatched model's and nope's included (a second size:
+    # tests/test_compiled_resample.py)
     assert not work.recompiled, "a third image size recompiled"
     budget = kernel_budget(scheme, TINY["depth"], training=mode == "training")
     if (scheme, mode) in OVER:

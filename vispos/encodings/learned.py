@@ -24,10 +24,35 @@ def resize_bicubic(
 
     A one-column output is computed as a one-row output: torch's antialiased bicubic kernel (CPU, torch
     2.14) returns wrong values when it resizes the height of a width-1 output in some memory layouts.
+    Under ``torch.compile`` a resize that takes gradients is ``resize_by_weights``: inductor (torch 2.14.1)
+    fails on the backward of the resampling kernels at symbolic sizes ("isIntList() INTERNAL ASSERT FAILED").
     """
+    if torch.compiler.is_compiling() and img.requires_grad and torch.is_grad_enabled():
+        return resize_by_weights(img, size, antialias, mode)
     if size[1] == 1 and size[0] != 1 and img.shape[-2] != size[0]:
         return resize_bicubic(img.transpose(-2, -1), (1, size[0]), antialias, mode).transpose(-2, -1)
     return F.interpolate(img, size=size, mode=mode, antialias=antialias, align_corners=False)
+
+
+def resize_weights(
+    n: int, size: int, antialias: bool, mode: str, device: torch.device, dtype: torch.dtype
+) -> torch.Tensor:
+    """The resize of one axis from ``n`` to ``size`` points as a matrix [size, n]: the kernel's own weights, read
+    by resizing the rows of the identity (as one-row images: see ``resize_bicubic``)."""
+    eye = torch.eye(n, device=device, dtype=dtype)[None, :, None, :]  # [1, n, 1, n]: one-hot rows
+    return F.interpolate(eye, size=(1, size), mode=mode, antialias=antialias, align_corners=False)[0, :, 0, :].T
+
+
+def resize_by_weights(
+    img: torch.Tensor, size: tuple[int, int], antialias: bool = True, mode: str = "bicubic"
+) -> torch.Tensor:
+    """``resize_bicubic`` as two matrix products: the resize is separable and linear in the image, so it is
+    ``W_h @ img @ W_w^T`` with each axis's weights from ``resize_weights`` (equal to the kernel up to the order
+    of its sums); its gradient is two matrix products too."""
+    dtype = torch.promote_types(img.dtype, torch.float32)  # at least fp32, as the kernel computes
+    rows = resize_weights(img.shape[-2], size[0], antialias, mode, img.device, dtype)  # [H', H]
+    cols = resize_weights(img.shape[-1], size[1], antialias, mode, img.device, dtype)  # [W', W]
+    return torch.einsum("ai,ncij,bj->ncab", rows, img.to(dtype), cols).to(img.dtype)
 
 
 def resample_table_2d(
