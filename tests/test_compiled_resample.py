@@ -1,7 +1,8 @@
 """A table resampled to another grid takes gradients on the compiled path: under ``torch.compile`` with dynamic
 shapes, ``resize_bicubic`` is two matrix products of the kernel's own weights (``resize_by_weights``), because
 inductor (torch 2.14.1) fails on the backward of the resampling kernels at symbolic sizes ("isIntList() INTERNAL
-ASSERT FAILED"; timm's own ViT, whose ``resample_abs_pos_embed`` calls the kernel, fails at a second size)."""
+ASSERT FAILED"; timm's own ViT built with ``dynamic_img_pad``, whose ``resample_abs_pos_embed`` calls the kernel,
+fails at a second size)."""
 
 from __future__ import annotations
 
