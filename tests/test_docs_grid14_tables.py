@@ -18,9 +18,8 @@ WORDS = {1: "one", 2: "two", 3: "three", 4: "four", 5: "five"}
 def _rows(lines: list[str]) -> tuple[list[str], dict[str, list[str]]]:
     """The header cells and the rows (first cell's first word: the entry) of the markdown table starting at
     ``lines[0]``."""
-    cells = [[c.strip() for c in line.strip().strip("|").split("|")] for line in lines if line.startswith("|")]
     end = next((i for i, line in enumerate(lines) if not line.startswith("|")), len(lines))
-    cells = cells[:end]
+    cells = [[c.strip() for c in line.strip().strip("|").split("|")] for line in lines[:end]]
     return cells[0], {row[0].split()[0]: row[1:] for row in cells[2:]}
 
 
