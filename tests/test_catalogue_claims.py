@@ -64,8 +64,8 @@ def test_every_extrapolation_text_citing_a_result_is_checked_here() -> None:
 
 @pytest.mark.parametrize("run", ["fmnist_full", "fmnist_extrapolation", "fmnist_native", *(
     f"fmnist_native/ablations/{a}" for a in ("crop008", "heads1", "crop008_heads1", "long", "long4", "poslr30")),
-    "fmnist_native/quick", "fmnist_grid14", "fmnist_grid14/seed_0", "fmnist_grid14/seed_1", "fmnist_grid14/quick",
-    "fmnist_grid14/ablations/alibi2d_heads1"])
+    "fmnist_native/quick", "fmnist_grid14", "fmnist_grid14/seed_0", "fmnist_grid14/seed_1", "fmnist_grid14/seed_2",
+    "fmnist_grid14/quick", "fmnist_grid14/ablations/alibi2d_heads1"])
 def test_committed_report_is_what_the_generator_writes(run: str, tmp_path: Path) -> None:
     """results.md from results.json: the duration line is the training and fine-tuning time summed over
     entries and seeds (a resumed run's last call took seconds)."""
