@@ -28,7 +28,7 @@ from torch import nn
 from .._state import decode, encode
 from .._validate import check_choice, check_dim, check_float, check_positions
 from ..registry import register
-from .rope_eager import RotateHalf, _table, rotate_half_in_place
+from .rope_eager import RotateHalf, at_least_fp32, rotate_half_in_place
 from .rope_fused import fused_basis, fused_blocks
 from .rope_scaling import RopeScaling, as_scaling, check_scaling_dim, scaled_inv_freq
 
@@ -88,7 +88,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: st
         return RotateHalf.apply(x, cos, sin)
     rot = rotate_half if layout == "half" else rotate_interleaved
     xp = _promoting(x)
-    return (xp * _table(cos) + rot(xp) * _table(sin)).to(x.dtype)
+    return (xp * at_least_fp32(cos) + rot(xp) * at_least_fp32(sin)).to(x.dtype)
 
 
 def apply_rope_sections(
@@ -99,7 +99,7 @@ def apply_rope_sections(
     sizes = [s for s in (*sections, x.shape[-1] - sum(sections)) if s]  # an empty section turns nothing
     xp = _promoting(x)
     turned = torch.cat([rotate_half(part) for part in xp.split(sizes, dim=-1)], dim=-1)
-    return (xp * _table(cos) + turned * _table(sin)).to(x.dtype)
+    return (xp * at_least_fp32(cos) + turned * at_least_fp32(sin)).to(x.dtype)
 
 
 def apply_rfft(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -16,7 +16,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 
-def _table(t: torch.Tensor) -> torch.Tensor:
+def at_least_fp32(t: torch.Tensor) -> torch.Tensor:
     """cos or sin in at least fp32 (as they meet an fp32 x in the products): a no-op for the fp32 tables."""
     return t if t.dtype in (torch.float32, torch.float64) else t.float()
 
@@ -28,14 +28,14 @@ def _three_passes(
     multiply-add per half, in place for fp32 (and fp64), else written straight into x's dtype from the fp32 sums
     (one rounding, as the formula's final cast). ``sin_first`` / ``sin_second``: [..., d/2] each."""
     h = x.shape[-1] // 2
-    cos = _table(cos)
+    cos = at_least_fp32(cos)
     x1, x2 = x[..., :h], x[..., h:]
     products = x * cos  # fp32 (x's dtype at most fp32's precision, the tables fp32)
     # in the products' layout (x's: the qkv buffer's order, which SDPA's output then follows, so that the heads
     # are merged afterwards without a copy)
     out = products if products.dtype == x.dtype else torch.empty_like(products, dtype=x.dtype)
-    torch.addcmul(products[..., :h], x2, _table(sin_first), value=-sign, out=out[..., :h])
-    torch.addcmul(products[..., h:], x1, _table(sin_second), value=sign, out=out[..., h:])
+    torch.addcmul(products[..., :h], x2, at_least_fp32(sin_first), value=-sign, out=out[..., :h])
+    torch.addcmul(products[..., h:], x1, at_least_fp32(sin_second), value=sign, out=out[..., h:])
     return out
 
 
