@@ -8,10 +8,14 @@ import os
 import shlex
 import sys
 
+import torch
+
+from .config.generation import GenerationConfig
 from .config.sections import ConfigError, ExperimentConfig
 from .data.datasets import DataError
 from .engine.checkpoint import CheckpointError
 from .engine.trainer import NonFiniteLossError, StopRequested
+from .experiment.generate import get_scorer, run_generation
 from .experiment.loading import load_config
 from .experiment.run import run_experiment
 from .runtime.jobs import Job, run_jobs
@@ -44,6 +48,13 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def prepare_scorer(cfg: GenerationConfig) -> None:
+    """The generation run's scorer, trained (or found) in this process before parallel jobs read it."""
+    if cfg.threads is not None:
+        torch.set_num_threads(cfg.threads)
+    get_scorer(cfg, lambda text: print(text, flush=True))
+
+
 def only_entries(cfg: ExperimentConfig, names: list[str]) -> ExperimentConfig:
     """``cfg`` with the named entries only (and the base of each evaluation-only one among them)."""
     known = {s.name: s for s in cfg.schemes}
@@ -58,12 +69,15 @@ def parallel_jobs(config: str, overrides: list[str], cfg: ExperimentConfig) -> l
     """One job per seed and trained entry: ``python -m train`` on that entry alone, in the folder the whole
     run keeps it in (``seed_<k>/`` with several seeds), so that the run that follows finds it finished."""
     trained = [s.name for s in cfg.schemes if s.trains]
+    # a generation job also samples its entry's evaluation-only settings (the costly part of those entries)
+    with_settings = {name: [name, *(s.name for s in cfg.schemes if s.base == name)] if isinstance(cfg, GenerationConfig)
+                     else [name] for name in trained}  # fmt: skip
     if cfg.seeds is None:
-        return [(name, ["-m", "train", "--config", config, *overrides, "--quiet", "--no-report", "--entries", name])
-                for name in trained]
+        return [(name, ["-m", "train", "--config", config, *overrides, "--quiet", "--no-report", "--entries",
+                        *with_settings[name]]) for name in trained]  # fmt: skip
     return [(f"seed {seed} {name}", ["-m", "train", "--config", config, *overrides, "--quiet", "--no-report",
                                      f"seed={seed}", "seeds=null", f"out_dir={cfg.run_dir / f'seed_{seed}'}",
-                                     "--entries", name])
+                                     "--entries", *with_settings[name]])
             for seed in cfg.seeds for name in trained]
 
 
@@ -90,10 +104,16 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(args.config, overrides)
         if args.entries:
             cfg = only_entries(cfg, args.entries)
+        generation = isinstance(cfg, GenerationConfig)
         if args.jobs > 1:  # the trainings first, side by side; the run below finds them finished
+            if generation:
+                prepare_scorer(cfg)  # once, before the jobs that share it
             run_jobs(parallel_jobs(args.config, list(args.overrides), cfg), args.jobs,
                      lambda text: print(text, flush=True))
-        run_experiment(cfg, command=command, report=not args.no_report)
+        if generation:
+            run_generation(cfg, command=command, report=not args.no_report)
+        else:
+            run_experiment(cfg, command=command, report=not args.no_report)
     except (ConfigError, DataError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

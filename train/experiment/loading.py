@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from ..config import schema
+from ..config.generation import GenerationConfig, generation_config, is_generation
+from ..config.generation import apply_overrides as generation_overrides
 from ..config.sections import HOOKS, ConfigError, DataConfig, ExperimentConfig, apply_overrides
 from ..config.validation import validate
 from ..data.datasets import DataError
@@ -17,6 +19,7 @@ from ..data.sources import FMNIST_CLASSES, select_classes
 from ..data.transforms import train_transform
 from ..engine.models import preflight
 from ..evaluation.accuracy import eval_sizes
+from .generate import preflight as generation_preflight
 
 
 def config_from_dict(data: Any) -> ExperimentConfig:
@@ -65,6 +68,13 @@ def _validate_grid_task(cfg: ExperimentConfig, patch: int) -> None:
         raise ConfigError(str(err)) from None
 
 
-def load_config(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
-    """Read a YAML config, apply ``key=value`` overrides, validate strictly."""
-    return config_from_dict(apply_overrides(schema.read_yaml(path), overrides or []))
+def load_config(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig | GenerationConfig:
+    """Read a YAML config, apply ``key=value`` overrides, validate strictly: a classifier experiment, or a
+    generation run (``task: generation``, ``train.config.generation``) whose every entry's DiT is built on the meta
+    device first."""
+    data = schema.read_yaml(path)
+    if is_generation(data):
+        cfg = generation_config(generation_overrides(data, overrides or []))
+        generation_preflight(cfg)
+        return cfg
+    return config_from_dict(apply_overrides(data, overrides or []))

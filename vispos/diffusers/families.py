@@ -11,6 +11,11 @@ grid its scalings are relative to by default, and how its forward's ``timestep``
 | ``PixArtTransformer2DModel`` | sin-cos table over ``base_size`` (``pos_embed``) | the config's | timestep / 1000 |
 | ``DiTTransformer2DModel`` | sin-cos table over ``base_size`` (``pos_embed``) | the config's | timestep / 1000 |
 
+Every family keeps its own positions (``inherit=True``, the default). DiT and PixArt, whose blocks attend over the
+image tokens alone, also take any catalogue scheme in place of them (``inherit=False``: ``schemes.py``); the
+joint-attention families refuse that by name (``Family.joint``: text and image tokens share one attention whose
+processor and positions are the family's own).
+
 The RoPE families' training grids are the latent token grids of their released checkpoints' training resolution
 (the DyPE authors' code uses 64 for FLUX and 83 for Qwen-Image); the sin-cos families' are their config's
 ``sample_size // patch_size``. ``vispos.configure(train_grid=...)`` gives another.
@@ -35,14 +40,20 @@ class Family:
     spatial: tuple[int, int] = (1, 2)
     train_grid: tuple[int, int] | None = None
     noise: str = "thousandths"
+    joint: str | None = None
 
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
-    Family("FluxTransformer2DModel", "rope", "pos_embed", train_grid=(64, 64), noise="sigma"),
-    Family("Flux2Transformer2DModel", "rope", "pos_embed", train_grid=(64, 64), noise="sigma"),
-    Family("QwenImageTransformer2DModel", "rope", "pos_embed", train_grid=(83, 83), noise="sigma"),
-    Family("Lumina2Transformer2DModel", "rope", "rope_embedder", train_grid=(64, 64), noise="one_minus"),
-    Family("SD3Transformer2DModel", "sincos", "pos_embed"),
+    Family("FluxTransformer2DModel", "rope", "pos_embed", train_grid=(64, 64), noise="sigma",
+           joint="text and image tokens in one sequence, rotated by one RoPE over (t, h, w) ids"),
+    Family("Flux2Transformer2DModel", "rope", "pos_embed", train_grid=(64, 64), noise="sigma",
+           joint="text, reference and image tokens in one sequence, rotated by one RoPE over (t, h, w, l) ids"),
+    Family("QwenImageTransformer2DModel", "rope", "pos_embed", train_grid=(83, 83), noise="sigma",
+           joint="text and image streams attending jointly, each rotated by the one complex RoPE"),
+    Family("Lumina2Transformer2DModel", "rope", "rope_embedder", train_grid=(64, 64), noise="one_minus",
+           joint="caption and image tokens in one sequence, rotated by one RoPE over (caption, h, w) ids"),
+    Family("SD3Transformer2DModel", "sincos", "pos_embed",
+           joint="text and image tokens concatenated in each block's joint attention"),
     Family("PixArtTransformer2DModel", "sincos", "pos_embed"),
     Family("DiTTransformer2DModel", "sincos", "pos_embed"),
 )}  # fmt: skip

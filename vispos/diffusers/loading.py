@@ -1,6 +1,7 @@
 """``from_pretrained``: a diffusers transformer saved after ``vispos.patch`` (``save_pretrained`` writes its class's
 config and weights, with the positional settings as tensor records ``vispos.*`` beside them), rebuilt by its
-diffusers class, patched again and given back those settings (scaling, schedule, training grid, log-n)."""
+diffusers class, patched again and given back those settings (scaling, schedule, training grid, log-n) and, for a
+catalogue scheme trained in place of the model's positions (``inherit=False``), its scheme, options and weights."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import diffusers
 from safetensors import safe_open
 from torch import nn
 
+from .._state import decode
+from ..registry import get_info
 from .families import FAMILIES, supported
 from .patching import OWN_SCHEME, patch
 
@@ -28,11 +31,18 @@ def from_pretrained(path: str | os.PathLike, *, subfolder: str | None = None, **
     if name not in FAMILIES:
         raise TypeError(f"{folder} holds a diffusers {name}; vispos patches {supported()}")
     model = getattr(diffusers, name).from_pretrained(folder, **kwargs)
-    patch(model, OWN_SCHEME[FAMILIES[name].kind])
     records = {}
     for file in sorted(f for f in os.listdir(folder) if f.endswith(".safetensors")):
         with safe_open(os.path.join(folder, file), "pt") as weights:
             records |= {k[len(PREFIX) :]: weights.get_tensor(k) for k in weights.keys() if k.startswith(PREFIX)}  # noqa: SIM118
+    settings = decode(records["_extra_state"])["settings"] if "_extra_state" in records else None
+    if settings is not None and "inherited" not in settings:  # a catalogue scheme in place of the model's positions
+        context = {c for name in settings["pos"] for c in get_info(name, ndim=2).context}  # the model's, not options
+        options = {k: v for k, v in settings["options"].items() if k not in context}
+        patch(model, settings["pos"], inherit=False, **options)
+        model.vispos.to(next(model.parameters()).device)
+    else:
+        patch(model, OWN_SCHEME[FAMILIES[name].kind])
     if records:
         model.vispos.load_state_dict(records)
     return model

@@ -8,6 +8,9 @@ keeps its class's name, so that ``save_pretrained`` writes the same ``_class_nam
   row r of H at r - (H - H // 2)) and of the text tokens (id max(H // 2, W // 2) + j on every axis).
 - ``LuminaRope``: Lumina 2's ids [B, S, 3] (caption position, row, column) -> complex rotations (complex128).
 - ``PatchedPatchEmbed``: the sin-cos table of SD3, PixArt and DiT from ``sincos.SinCosTable``.
+- ``SchemeTransformer``, ``SchemePatchEmbed`` (``inherit=False``, ``schemes.py``): a catalogue scheme in place of the
+  model's positions; the forward builds the context its attention processors read, the embedding adds the scheme's
+  additive table.
 """
 
 from __future__ import annotations
@@ -44,6 +47,37 @@ class PatchedTransformer(PositionsHost):
             return super().forward(*args, **kwargs)  # type: ignore[misc]
         finally:
             rope.sigma = rope.extent = None
+
+
+class SchemeTransformer(PositionsHost):
+    """A DiT or PixArt with a catalogue scheme in its self-attention (``schemes.patch_schemes``): each forward builds
+    the positional context at the latent's token grid, which the blocks' ``SchemeAttnProcessor`` read, and gives a
+    rope2d under DyPE's schedule the noise level of its ``timestep`` (one per forward: the batch's first)."""
+
+    vispos_family: str
+    vispos_parameters: tuple[str, ...]
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        given = dict(zip(self.vispos_parameters, args, strict=False)) | kwargs
+        latent = given.get("hidden_states")
+        if not isinstance(latent, torch.Tensor) or latent.dim() != 4:
+            got = tuple(latent.shape) if isinstance(latent, torch.Tensor) else type(latent).__name__
+            raise ValueError(f"{self.vispos_family} takes hidden_states [B, C, H, W], got {got}")
+        patch = self.pos_embed.patch_size
+        grid = (latent.shape[-2] // patch, latent.shape[-1] // patch)
+        timestep = given.get("timestep")
+        scheduled = [m for m in self.vispos.modules() if getattr(m, "schedule", None) is not None
+                     and hasattr(m, "timestep_aware")]  # fmt: skip
+        sigma = None if timestep is None else noise_level(FAMILIES[self.vispos_family], torch.as_tensor(timestep))
+        for rope in scheduled:
+            rope.sigma = sigma
+        self.vispos.__dict__["current"] = self.vispos.context(grid, latent.device)
+        try:
+            return super().forward(*args, **kwargs)  # type: ignore[misc]
+        finally:
+            self.vispos.__dict__["current"] = None
+            for rope in scheduled:
+                rope.sigma = None
 
 
 class _RopeModule:
@@ -109,12 +143,25 @@ class PatchedPatchEmbed:
         return (latent + table[None]).to(latent.dtype)
 
 
+class SchemePatchEmbed:
+    """diffusers' ``PatchEmbed.forward`` without the model's table, with the scheme's additive table (if any)."""
+
+    def forward(self, latent: torch.Tensor) -> torch.Tensor:
+        grid = (latent.shape[-2] // self.patch_size, latent.shape[-1] // self.patch_size)
+        latent = self.proj(latent)
+        if self.flatten:
+            latent = latent.flatten(2).transpose(1, 2)  # BCHW -> BNC
+        if self.layer_norm:
+            latent = self.norm(latent)
+        return self.__dict__["_vispos_positions"].add_to_patches(latent, grid)
+
+
 ROPE_CLASSES: dict[str, type] = {
     "FluxTransformer2DModel": FluxRope, "Flux2Transformer2DModel": FluxRope, "QwenImageTransformer2DModel": QwenRope,
     "Lumina2Transformer2DModel": LuminaRope,
 }  # fmt: skip
 MIXINS: dict[str, type] = {c.__name__: c for c in (PatchedTransformer, FluxRope, QwenRope, LuminaRope,
-                                                   PatchedPatchEmbed)}  # fmt: skip
+                                                   PatchedPatchEmbed, SchemeTransformer, SchemePatchEmbed)}  # fmt: skip
 
 
 def patched(base: type, mixin: type) -> type:

@@ -18,9 +18,10 @@ from .._validate import check_bool
 from ..host import PositionsHost
 from ..positions import Positions
 from ..registry import get_info
-from .families import Family, find_transformer
+from .families import FAMILIES, Family, find_transformer
 from .modules import ROPE_CLASSES, PatchedPatchEmbed, PatchedTransformer, forward_parameters, patched, set_rope
 from .rotary import AxisRope
+from .schemes import patch_schemes
 from .sincos import SinCosTable
 
 ALREADY_PATCHED = "this transformer is already patched by vispos; patch a fresh one instead"
@@ -51,12 +52,18 @@ class DiffusionPositions(Positions):
 
 def patch(model: Any, pos: str | list[str] | tuple[str, ...], *, inherit: bool = True, **options: Any) -> Any:
     """Keep a diffusers transformer's own positions, recomputed by vispos (``pos``: ``"rope2d"`` for FLUX, FLUX.2,
-    Qwen-Image and Lumina 2, ``"sincos2d"`` for SD3, PixArt and DiT), so that ``vispos.configure`` can scale them.
+    Qwen-Image and Lumina 2, ``"sincos2d"`` for SD3, PixArt and DiT), so that ``vispos.configure`` can scale them;
+    or, with ``inherit=False`` on DiT and PixArt, put any catalogue scheme (``options``: its own) in their
+    self-attention in place of the model's table (``schemes.py``: a model to train).
     ``model``: the transformer or a pipeline (its ``transformer`` is patched). In place; returns ``model``."""
     check_bool("inherit", inherit)
     transformer, family = find_transformer(model)
     if isinstance(transformer, PositionsHost):
         raise ValueError(ALREADY_PATCHED)
+    if not inherit:
+        _check_fresh(family)
+        patch_schemes(transformer, family, pos, options)
+        return model
     _check_request(family, pos, inherit, options)
     module = getattr(transformer, family.module)
     depth = sum(1 for m in transformer.modules() if type(m).__name__.endswith("Attention"))
@@ -94,19 +101,31 @@ def _check_request(family: Family, pos: Any, inherit: bool, options: dict[str, A
         get_info(name, ndim=2)  # an unknown name is refused with the list of schemes
     own = OWN_SCHEME[family.kind]
     if names != [own]:
+        fresh = ("" if family.joint is not None else
+                 f"; to train {family.name} with {' + '.join(names)} in place of its positions, patch with "
+                 "inherit=False")  # fmt: skip
         raise ValueError(
-            f"{family.name}: vispos keeps a diffusion transformer's own positions ({own!r} here) and scales them; "
-            f"{' + '.join(names)} would replace them inside diffusers' attention processors, which vispos leaves as "
-            "they are (joint text-image attention, each family's own processor), and the pretrained weights need "
-            f"their own positions. Patch with {own!r}, then vispos.configure(transformer, scaling=...)"
+            f"{family.name}: with inherit=True vispos keeps a diffusion transformer's own positions ({own!r} here), "
+            f"which its pretrained weights need, and scales them: patch with {own!r}, then "
+            f"vispos.configure(transformer, scaling=...){fresh}"
         )
-    if not inherit:
-        raise ValueError(f"{family.name}: inherit=False would start fresh positions, which a pretrained diffusion "
-                         f"transformer cannot use; patch with {own!r} and inherit=True")  # fmt: skip
     if options:
         raise ValueError(
             f"{family.name}: options {sorted(options)}: the inherited positions take the model's own settings; set "
             "scaling with vispos.configure(transformer, scaling=..., train_grid=(H, W))"
+        )
+
+
+def _check_fresh(family: Family) -> None:
+    """``inherit=False`` (a catalogue scheme in place of the model's positions) where the blocks' self-attention
+    holds the image tokens alone; a joint-attention family is refused, saying why."""
+    if family.joint is not None:
+        takes = ", ".join(name for name, f in FAMILIES.items() if f.joint is None)
+        raise ValueError(
+            f"{family.name}: inherit=False puts a vispos scheme in the self-attention over image tokens, and this "
+            f"model's attention holds {family.joint}: image-image pairs would need the scheme and text pairs the "
+            f"family's own positions inside its own processor, which vispos does not rebuild. inherit=False takes "
+            f"{takes}; here, patch with {OWN_SCHEME[family.kind]!r} (its own positions) and scale them"
         )
 
 

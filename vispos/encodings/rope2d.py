@@ -18,6 +18,7 @@ from .._state import decode, encode
 from .._validate import check_bool, check_choice, check_dim, check_float, check_grid, check_int
 from ..registry import register
 from .coords2d import AXES, COORDS, NORMALIZE, CoordAugment, frame_coords, grid_coords, normalized_denominators
+from .dype import SCHEDULED_TYPES, TimestepSchedule, as_schedule, axis_inv_freq
 from .rope import LAYOUTS, Rotary, expand_angles, rope_angles, saved_scaling
 from .rope_scaling import RopeScaling, as_scaling, check_scaling_dim, rope_inv_freq, scaled_inv_freq
 
@@ -116,16 +117,31 @@ class Rope2d(nn.Module):
         self.train_grid: tuple[int, int] | None = None
         self.scaling_y: RopeScaling | None = None
         self.scaling_x: RopeScaling | None = None
+        # DyPE's timestep schedule: only inside a diffusion transformer, whose forward gives each step's noise level
+        # ``sigma`` (vispos.diffusers sets ``timestep_aware`` at patch time and ``sigma`` per forward)
+        self.timestep_aware = False
+        self.schedule: TimestepSchedule | None = None
+        self.sigma: torch.Tensor | None = None
         self.set_scaling(scaling, train_grid=train_grid)
 
     def set_scaling(
-        self, scaling: RopeScaling | dict | str | None, *, train_grid: tuple[int, int] | None = None, **options: object
+        self,
+        scaling: RopeScaling | dict | str | None,
+        *,
+        train_grid: tuple[int, int] | None = None,
+        schedule: TimestepSchedule | str | dict | None = None,
+        **options: object,
     ) -> None:
         """Switch per-axis scaling (e.g. for evaluation above ``train_grid``) or off (``None``).
 
         ``scaling`` as for ``Rope.set_scaling``. Each axis gets ``original_length`` = its training size;
         without ``factor`` the factor follows the grid: max(1, H / H0) for y and max(1, W / W0) for x.
+        ``schedule="dype"`` (``ntk`` or ``yarn``; pixel coordinates, shared bands): the strength follows the
+        denoising timestep (DyPE, ``encodings/dype.py``), for a rope2d inside a diffusion transformer only.
         """
+        plan = as_schedule(schedule)
+        if plan is not None:
+            self._check_schedule(plan, scaling)
         train_grid = self.train_grid if train_grid is None else check_grid(train_grid, "train_grid")
         if scaling is not None:
             if self.ref_grid is not None:
@@ -142,6 +158,22 @@ class Rope2d(nn.Module):
         self.train_grid = train_grid
         self.scaling_y = None if scaling is None else replace(scaling, original_length=h0)
         self.scaling_x = None if scaling is None else replace(scaling, original_length=w0)
+        self.schedule = plan
+
+    def _check_schedule(self, plan: TimestepSchedule, scaling: object) -> None:
+        if not self.timestep_aware:
+            raise ValueError(
+                f"schedule={plan.type!r} follows a diffusion model's denoising timestep: it applies to rope2d inside "
+                "a diffusion transformer (vispos.patch(transformer, 'rope2d', inherit=False)), whose forward gives "
+                "the noise level; this rope2d has none"
+            )
+        kind = scaling.get("type") if isinstance(scaling, dict) else getattr(scaling, "type", scaling)
+        if kind not in SCHEDULED_TYPES:
+            raise ValueError(f"schedule={plan.type!r} schedules {' or '.join(SCHEDULED_TYPES)} scaling (DyPE defines "
+                             f"no other); got {kind!r}")  # fmt: skip
+        if self.coords != "pixel" or self.bands != "shared" or self.periods is not None:
+            raise ValueError(f"schedule={plan.type!r} is defined on theta's frequencies at pixel coordinates with "
+                             "shared bands (DyPE's axial RoPE)")  # fmt: skip
 
     def set_train_grid(self, train_grid: tuple[int, int]) -> None:
         """Make the scaling in use (if any) relative to ``train_grid``: each axis's original length becomes its
@@ -154,29 +186,48 @@ class Rope2d(nn.Module):
             self.scaling_x = replace(self.scaling_x, original_length=w0)
 
     def get_extra_state(self) -> torch.Tensor:
-        """The scaling in use and the grid it is relative to travel with the weights (a tensor record)."""
+        """The scaling in use, its timestep schedule and the grid it is relative to travel with the weights (a
+        tensor record)."""
         if self.scaling_y is None:
             return encode({"scaling": None, "train_grid": None})
-        return encode({"scaling": asdict(self.scaling_y), "train_grid": list(self.train_grid)})
+        said = {"scaling": asdict(self.scaling_y), "train_grid": list(self.train_grid)}
+        if self.schedule is not None:
+            said["schedule"] = asdict(self.schedule)
+        return encode(said)
 
     def set_extra_state(self, state: torch.Tensor | dict[str, object]) -> None:
         state = decode(state)
         if state["scaling"] is None:  # nothing to restore: the module keeps its own training grid
             self.set_scaling(None)
             return
-        self.set_scaling(saved_scaling(state["scaling"]), train_grid=tuple(state["train_grid"]))
+        self.set_scaling(saved_scaling(state["scaling"]), train_grid=tuple(state["train_grid"]),
+                         schedule=state.get("schedule"))  # fmt: skip
 
     def inv_freq(self, scaling: RopeScaling | None, length: int, axis: int = 0) -> tuple[torch.Tensor, float]:
         """One axis's (``axis``: 0 for y, 1 for x) inverse frequencies [dim / 4] and attention factor at ``length``
         tokens on that axis."""
         if self.periods is not None:
             return period_inv_freq(self.dim // 2, *self.periods), 1.0
+        if self.schedule is not None and scaling is not None:
+            return self.scheduled_inv_freq(scaling, length)
         span = self.span(scaling, axis)
         if self.bands == "shared":
             return scaled_inv_freq(self.dim // 2, self.theta, scaling, length, span=span)
         whole, factor = scaled_inv_freq(self.dim, self.theta, scaling, length, span=span)  # [dim / 2]: the head's
         first = (axis == 0) == (self.axes == "yx")  # this axis takes the first half of the pairs
         return whole[0::2] if first else whole[1::2], factor
+
+    def scheduled_inv_freq(self, scaling: RopeScaling, length: int) -> tuple[torch.Tensor, float]:
+        """One axis's inverse frequencies and attention factor under DyPE's schedule at this forward's noise level."""
+        if self.sigma is None:
+            raise ValueError(
+                "rope2d under DyPE's schedule needs the noise level of the forward, which the diffusion "
+                "transformer's forward sets from its timestep; call the transformer, not its attention alone"
+            )
+        s = torch.tensor(length / scaling.original_length, dtype=torch.float64)  # type: ignore[operator]
+        inv, factor = axis_inv_freq(self.dim // 2, self.theta, scaling, s, schedule=self.schedule,
+                                    sigma=self.sigma.detach().to("cpu", torch.float64))  # fmt: skip
+        return inv.float(), float(factor)
 
     def span(self, scaling: RopeScaling | None, axis: int) -> float | None:
         """The coordinate extent of the training grid along ``axis``, where YaRN and Llama 3 count rotations:
