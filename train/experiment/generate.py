@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from torchvision.utils import save_image
 import vispos
 
 from ..config.generation import GenerationConfig, GenSchemeConfig, with_seed
+from ..config.schema import ConfigError
 from ..config.sections import to_dict
 from ..data.sources import FMNIST_CLASSES, find_fashion_mnist, first_per_class, load_fashion_mnist
 from ..engine.checkpoint import FORMAT, atomic_save, load
@@ -213,11 +215,20 @@ def run_generation(cfg: GenerationConfig, command: str | None = None, report: bo
 
 
 def preflight(cfg: GenerationConfig) -> None:
-    """Every trained entry's model built on the meta device: a scheme the DiT refuses fails when the config loads."""
-    for entry in cfg.schemes:
-        if entry.trains:
-            build_dit(cfg.model, entry, img_size=cfg.data.img_size, num_classes=len(FMNIST_CLASSES), seed=0,
-                      device="meta")  # fmt: skip
+    """Every trained entry's model built on the meta device with each of its inference settings switched on: a scheme
+    the DiT refuses, or a setting its scheme does not take, fails when the config loads, naming the entry."""
+    for entry in (e for e in cfg.schemes if e.trains):
+        for setting in (e for e in cfg.schemes if e is entry or e.base == entry.name):
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # a scheme's own advice is shown when the real model is built
+                    model = build_dit(cfg.model, entry, img_size=cfg.data.img_size, num_classes=len(FMNIST_CLASSES),
+                                      seed=0, device="meta")  # fmt: skip
+                if setting.scaling is not None or setting.log_n_attention:
+                    vispos.configure(model, scaling=setting.scaling, log_n_attention=setting.log_n_attention,
+                                     **setting.scaling_options)  # fmt: skip
+            except (ValueError, TypeError) as err:
+                raise ConfigError(f"schemes[{setting.name}]: {err}") from None
 
 
 def _cached(path: Path, fp: dict[str, Any]) -> dict[str, Any] | None:
