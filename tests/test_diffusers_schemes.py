@@ -215,9 +215,13 @@ def test_bf16_autocast_is_close_to_fp32(pos: str) -> None:
     torch.testing.assert_close(out.float(), ref, rtol=0.05, atol=0.05)
 
 
-@pytest.mark.parametrize("pos", ["rope2d", "rope2d_mixed", "alibi2d", "lookhere2d", "irpe2d", "learned2d"])
+@pytest.mark.parametrize("pos", ["rope2d", "rope2d+dype", "rope2d_mixed", "alibi2d", "lookhere2d", "irpe2d",
+                                 "learned2d"])  # fmt: skip
 def test_fake_cuda_forward_keeps_every_tensor_on_the_device(pos: str) -> None:
-    model, _ = fresh("dit", pos)
+    """Every tensor of the forward on the device, no host read (DyPE's noise level included)."""
+    model, _ = fresh("dit", pos.split("+")[0])
+    if pos.endswith("+dype"):
+        vispos.configure(model, scaling="yarn", schedule="dype")
     with fake_cuda(model) as watch:
         out = model(torch.randn(1, 4, 12, 12, device="cuda"), timestep=torch.tensor([700], device="cuda"),
                     class_labels=torch.tensor([1], device="cuda"), return_dict=False)[0]  # fmt: skip

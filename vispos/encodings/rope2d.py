@@ -218,16 +218,22 @@ class Rope2d(nn.Module):
         return whole[0::2] if first else whole[1::2], factor
 
     def scheduled_inv_freq(self, scaling: RopeScaling, length: int) -> tuple[torch.Tensor, float]:
-        """One axis's inverse frequencies and attention factor under DyPE's schedule at this forward's noise level."""
+        """One axis's inverse frequencies (on the noise level's device: nothing is read back) and attention factor
+        under DyPE's schedule at this forward's noise level. The factor does not follow the noise level (YaRN's
+        0.1 ln s + 1 at every step, as ``dype.axis_inv_freq`` gives it; 1 for NTK), so it stays a Python number."""
         if self.sigma is None:
             raise ValueError(
                 "rope2d under DyPE's schedule needs the noise level of the forward, which the diffusion "
                 "transformer's forward sets from its timestep; call the transformer, not its attention alone"
             )
-        s = torch.tensor(length / scaling.original_length, dtype=torch.float64)  # type: ignore[operator]
-        inv, factor = axis_inv_freq(self.dim // 2, self.theta, scaling, s, schedule=self.schedule,
-                                    sigma=self.sigma.detach().to("cpu", torch.float64))  # fmt: skip
-        return inv.float(), float(factor)
+        ratio = length / scaling.original_length if scaling.factor is None else float(scaling.factor)  # type: ignore[operator]
+        s = torch.tensor(ratio, dtype=torch.float64, device=self.sigma.device)
+        inv, _ = axis_inv_freq(self.dim // 2, self.theta, scaling, s, schedule=self.schedule, sigma=self.sigma)
+        if scaling.attention_factor is not None:
+            factor = float(scaling.attention_factor)
+        else:
+            factor = 0.1 * math.log(max(1.0, ratio)) + 1.0 if scaling.type == "yarn" else 1.0
+        return inv.float(), factor
 
     def span(self, scaling: RopeScaling | None, axis: int) -> float | None:
         """The coordinate extent of the training grid along ``axis``, where YaRN and Llama 3 count rotations:
