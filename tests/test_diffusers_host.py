@@ -159,6 +159,10 @@ def test_save_pretrained_and_from_pretrained_keep_the_positions(name: str, tmp_p
     given = inputs(6, 6) if name == "dit" else inputs(6, 5)  # above the training grid: the scaling is in use
     # two separately built models: outputs within float tolerance (GEMM paths follow memory alignment)
     torch.testing.assert_close(run(loaded, given), run(model, given), rtol=1e-5, atol=1e-6)
+    model.save_pretrained(tmp_path / "bin", safe_serialization=False)  # as diffusers' own pipeline tests save
+    pickled = from_pretrained(tmp_path / "bin")
+    assert pickled.vispos_cfg == model.vispos_cfg
+    torch.testing.assert_close(run(pickled, given), run(model, given), rtol=1e-5, atol=1e-6)
     plain, _ = build(name, seed=1)
     plain.save_pretrained(tmp_path / "plain")  # saved without vispos: its own positions, no scaling
     again = from_pretrained(tmp_path / "plain")

@@ -10,6 +10,7 @@ import os
 from typing import Any
 
 import diffusers
+import torch
 from safetensors import safe_open
 from torch import nn
 
@@ -24,17 +25,15 @@ PREFIX = "vispos."
 def from_pretrained(path: str | os.PathLike, *, subfolder: str | None = None, **kwargs: Any) -> nn.Module:
     """The transformer saved at the local folder ``path`` (``subfolder``: a pipeline's ``"transformer"``), patched as
     it was saved. ``kwargs`` go to the diffusers class's ``from_pretrained`` (``torch_dtype``...); a checkpoint saved
-    without vispos loads patched with the model's own positions and no scaling."""
+    without vispos loads patched with the model's own positions and no scaling. The records are read from the weights
+    diffusers reads (``*.safetensors``, else the ``*.bin`` files of ``safe_serialization=False``)."""
     folder = os.path.join(path, subfolder) if subfolder else os.fspath(path)
     with open(os.path.join(folder, "config.json")) as file:
         name = json.load(file).get("_class_name")
     if name not in FAMILIES:
         raise TypeError(f"{folder} holds a diffusers {name}; vispos patches {supported()}")
     model = getattr(diffusers, name).from_pretrained(folder, **kwargs)
-    records = {}
-    for file in sorted(f for f in os.listdir(folder) if f.endswith(".safetensors")):
-        with safe_open(os.path.join(folder, file), "pt") as weights:
-            records |= {k[len(PREFIX) :]: weights.get_tensor(k) for k in weights.keys() if k.startswith(PREFIX)}  # noqa: SIM118
+    records = saved_records(folder)
     settings = decode(records["_extra_state"])["settings"] if "_extra_state" in records else None
     if settings is not None and "inherited" not in settings:  # a catalogue scheme in place of the model's positions
         context = {c for name in settings["pos"] for c in get_info(name, ndim=2).context}  # the model's, not options
@@ -46,3 +45,19 @@ def from_pretrained(path: str | os.PathLike, *, subfolder: str | None = None, **
     if records:
         model.vispos.load_state_dict(records)
     return model
+
+
+def saved_records(folder: str) -> dict[str, torch.Tensor]:
+    """The ``vispos.*`` entries of the weights diffusers loads from ``folder``: its ``*.safetensors`` files, else (as
+    ``save_pretrained(safe_serialization=False)`` writes them) its ``*.bin`` files."""
+    files = sorted(f for f in os.listdir(folder) if f.endswith(".safetensors"))
+    records: dict[str, torch.Tensor] = {}
+    if files:
+        for file in files:
+            with safe_open(os.path.join(folder, file), "pt") as weights:
+                records |= {k[len(PREFIX) :]: weights.get_tensor(k) for k in weights.keys() if k.startswith(PREFIX)}  # noqa: SIM118
+        return records
+    for file in sorted(f for f in os.listdir(folder) if f.endswith(".bin")):
+        weights = torch.load(os.path.join(folder, file), map_location="cpu", weights_only=True)
+        records |= {k[len(PREFIX) :]: v for k, v in weights.items() if k.startswith(PREFIX)}
+    return records
