@@ -227,3 +227,46 @@ def test_flux_dype_per_axis_at_the_forwards_noise_level() -> None:
     scale = torch.cat((torch.ones(4), torch.full((14,), m_y), torch.full((14,), m_x))).double()
     torch.testing.assert_close(cos, (angles.cos() * scale).repeat_interleave(2, -1).float(), rtol=0, atol=1e-6)
     torch.testing.assert_close(sin, (angles.sin() * scale).repeat_interleave(2, -1).float(), rtol=0, atol=1e-6)
+
+
+def test_qwen_text_rows_stay_unscaled_and_each_image_follows_its_own_extent() -> None:
+    """As the DyPE authors' code: text rows at the model's own frequencies with magnitude 1 under any scaling, and
+    in a multi-image edit each image scaled by its own extent, not the largest one's (nor the first one's)."""
+    model, _ = build("qwen")
+    reference = copy.deepcopy(model)
+    vispos.patch(model, "rope2d")
+    vispos.configure(model, scaling="yarn", schedule="dype", train_grid=(3, 3), log_n_attention=True)
+    shapes = [(1, 4, 4), (1, 8, 6)]
+    images, text = model.pos_embed([shapes], max_txt_seq_len=5)  # one list of shapes per batch row, as the host
+    _, own_text = reference.pos_embed([shapes], max_txt_seq_len=5)
+    torch.testing.assert_close(text, own_text, rtol=0, atol=1e-6)
+    assert torch.allclose(text.abs(), torch.ones(()))
+    first, _ = model.pos_embed([[shapes[0]]], max_txt_seq_len=5)  # the first image alone: its own extent
+    torch.testing.assert_close(images[:16], first, rtol=0, atol=0)
+    second, _ = model.pos_embed([[shapes[1]]], max_txt_seq_len=5)  # the second alone (its frame id differs: 1 vs 0)
+    torch.testing.assert_close(images[16:, 2:], second[:, 2:], rtol=0, atol=0)
+    assert images.shape[0] == 16 + 48
+    assert not torch.allclose(images[:16], reference.pos_embed([[shapes[0]]], max_txt_seq_len=5)[0])  # scaled
+
+
+@pytest.mark.parametrize("name", ROPE)
+def test_dype_refuses_a_batch_of_mixed_timesteps(name: str) -> None:
+    """One noise level per forward: a batch of several timesteps (training, img2img with per-sample strength) is
+    refused under DyPE instead of taking the first sample's; without the schedule, or with one timestep, it runs."""
+    model, inputs = build(name)
+    vispos.patch(model, "rope2d")
+    given = inputs(6, 5)
+    batch = given  # Lumina 2's inputs hold two rows already
+    if given["timestep"].numel() == 1:
+        batch = {k: torch.cat([v, v]) if isinstance(v, torch.Tensor) and k not in ("img_ids", "txt_ids") else v
+                 for k, v in given.items()}  # fmt: skip
+    if name == "qwen":
+        batch["img_shapes"] = given["img_shapes"] * 2
+    same = batch["timestep"].clone()
+    assert same.numel() == 2
+    vispos.configure(model, scaling="yarn", train_grid=(3, 3))
+    run(model, batch | {"timestep": same * torch.tensor([1.0, 0.5])})  # no schedule: the timestep is not read
+    vispos.configure(model, scaling="yarn", schedule="dype")
+    run(model, batch | {"timestep": same})  # guidance batches: one timestep
+    with pytest.raises(RuntimeError, match="DyPE's schedule takes one noise level per forward"):
+        run(model, batch | {"timestep": same * torch.tensor([1.0, 0.5])})

@@ -196,6 +196,10 @@ def test_dype_follows_the_timestep_and_is_a_no_op_at_the_training_grid() -> None
     dist = lambda a, b: float((a - b).abs().max())  # noqa: E731
     assert dist(late, run(plain, inputs(8, 8, 1.0))) < dist(early, run(plain, inputs(8, 8, 999.0)))
     assert dist(early, run(plain, inputs(8, 8, 999.0))) > 1e-4  # early steps take the scaling
+    mixed = inputs(8, 8) | {"hidden_states": torch.randn(2, 4, 16, 16), "timestep": torch.tensor([900, 100]),
+                            "class_labels": torch.tensor([1, 2])}  # fmt: skip
+    with pytest.raises(RuntimeError, match="one noise level per forward"):
+        run(model, mixed)
 
 
 def test_compiled_outputs_equal_eager_across_sizes() -> None:

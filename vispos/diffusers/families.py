@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from torch import nn
 
 
@@ -88,11 +89,23 @@ def find_transformer(model: object) -> tuple[nn.Module, Family]:
     return target, family
 
 
-def noise_level(family: Family, timestep: object) -> object:
+MIXED_TIMESTEPS = (
+    "DyPE's schedule takes one noise level per forward and this batch mixes timesteps (per-sample strength, "
+    "training on random timesteps): call the transformer once per timestep, or switch the schedule off "
+    "(vispos.configure(transformer, scaling=..., schedule=None))"
+)
+
+
+def noise_level(family: Family, timestep: object, *, single: bool = False) -> object:
     """The noise level in [0, 1] (1: pure noise) of the ``timestep`` the transformer's forward receives: FLUX and
     Qwen-Image take sigma itself, Lumina 2 takes 1 - sigma, the others a timestep in [0, 1000]. One value per
-    forward: the batch's first (classifier-free guidance batches share it)."""
-    t = timestep.reshape(-1)[0].double()  # type: ignore[attr-defined]
+    forward: the batch's first (classifier-free guidance batches share it); ``single`` (DyPE's schedule on): a batch
+    of other timesteps is refused (``torch._assert_async``: raised on the CPU, a device-side assert on a GPU, no
+    synchronisation)."""
+    flat = timestep.reshape(-1)  # type: ignore[attr-defined]
+    if single and flat.numel() > 1:
+        torch._assert_async((flat == flat[0]).all(), MIXED_TIMESTEPS)
+    t = flat[0].double()
     if family.noise == "sigma":
         return t
     if family.noise == "one_minus":

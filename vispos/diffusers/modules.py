@@ -5,7 +5,9 @@ keeps its class's name, so that ``save_pretrained`` writes the same ``_class_nam
   from ``img_ids``) for the positions of that forward, then runs the host's forward unchanged.
 - ``FluxRope`` (FLUX, FLUX.2): ids [S, A] -> (cos, sin) [S, D], each pair's value on its two channels.
 - ``QwenRope``: image shapes -> complex rotations of the image tokens (ids: frame, then rows and columns centred,
-  row r of H at r - (H - H // 2)) and of the text tokens (id max(H // 2, W // 2) + j on every axis).
+  row r of H at r - (H - H // 2); a scaling follows each image's own extent) and of the text tokens (id
+  max(H // 2, W // 2) + j on every axis; the model's own frequencies and magnitude 1 under any scaling, as the DyPE
+  authors' code keeps them).
 - ``LuminaRope``: Lumina 2's ids [B, S, 3] (caption position, row, column) -> complex rotations (complex128).
 - ``PatchedPatchEmbed``: the sin-cos table of SD3, PixArt and DiT from ``sincos.SinCosTable``.
 - ``SchemeTransformer``, ``SchemePatchEmbed`` (``inherit=False``, ``schemes.py``): a catalogue scheme in place of the
@@ -40,7 +42,9 @@ class PatchedTransformer(PositionsHost):
             return super().forward(*args, **kwargs)  # type: ignore[misc]
         given = dict(zip(self.vispos_parameters, args, strict=False)) | kwargs
         timestep = given.get("timestep")
-        rope.sigma = None if timestep is None else noise_level(FAMILIES[self.vispos_family], timestep)
+        scheduled = rope.schedule is not None and rope.scaling is not None
+        rope.sigma = None if timestep is None else noise_level(FAMILIES[self.vispos_family], timestep,
+                                                                single=scheduled)  # fmt: skip
         img_ids = given.get("img_ids")
         rope.extent = None if img_ids is None else rope.id_extent(img_ids)
         try:
@@ -68,7 +72,8 @@ class SchemeTransformer(PositionsHost):
         timestep = given.get("timestep")
         scheduled = [m for m in self.vispos.modules() if getattr(m, "schedule", None) is not None
                      and hasattr(m, "timestep_aware")]  # fmt: skip
-        sigma = None if timestep is None else noise_level(FAMILIES[self.vispos_family], torch.as_tensor(timestep))
+        sigma = None if timestep is None else noise_level(FAMILIES[self.vispos_family], torch.as_tensor(timestep),
+                                                          single=bool(scheduled))  # fmt: skip
         for rope in scheduled:
             rope.sigma = sigma
         self.vispos.__dict__["current"] = self.vispos.context(grid, latent.device)
@@ -113,12 +118,15 @@ class QwenRope(_RopeModule):
             else:
                 top = max(top, height, width)
             ids.append(torch.stack((f + idx, r, c), dim=-1).reshape(-1, 3))
-        image = torch.cat(ids)
         text = (top + torch.arange(int(max_txt_seq_len), device=device))[:, None].expand(-1, 3)
-        sizes = torch.tensor([[h, w] for _, h, w in video_fhw], dtype=torch.float64, device=device).amax(0)
-        angles, scale = self.vispos_rope.pairs(torch.cat((image, text)), sizes)
-        freqs = torch.polar(scale.float().expand_as(angles), angles.float())
-        return freqs[: image.shape[0]], freqs[image.shape[0] :]
+        rope = self.vispos_rope
+        images = []
+        for (_, h, w), image in zip(video_fhw, ids, strict=True):  # each image scaled by its own extent
+            extent = torch.tensor([h, w], dtype=torch.float64, device=device)
+            angles, scale = rope.pairs(image, extent)
+            images.append(torch.polar(scale.float().expand_as(angles), angles.float()))
+        angles, scale = rope.pairs(text, scaled=False)  # text: the model's own frequencies, magnitude 1
+        return torch.cat(images), torch.polar(scale.float().expand_as(angles), angles.float())
 
 
 class LuminaRope(_RopeModule):

@@ -83,9 +83,17 @@ class AxisRope(nn.Module):
             scaling.pop("original_length", None)
         self.set_scaling(scaling, train_grid=tuple(state["train_grid"]), schedule=state["schedule"])
 
-    def pairs(self, ids: torch.Tensor, extent: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def pairs(self, ids: torch.Tensor, extent: torch.Tensor | None = None, *,
+              scaled: bool = True) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
         """ids [..., S, A] -> (angles [..., S, sum(axes_dim) / 2] float64, magnitude per pair [sum / 2] float64).
-        ``extent`` [2]: the image grid (y, x) the scaling and log-n follow (default: the ids' own extent)."""
+        ``extent`` [2]: the image grid (y, x) the scaling and log-n follow (default: the ids' own extent).
+        ``scaled=False``: the model's own frequencies with magnitude 1 whatever is configured (Qwen-Image's text rows,
+        as the DyPE authors' code keeps them)."""
+        if not scaled:
+            pos = ids.double()
+            angles = [pos[..., axis, None] * axis_inv_freq(dim, self.theta, None, pos.new_ones(()))[0]
+                      for axis, dim in enumerate(self.axes_dim)]  # fmt: skip
+            return torch.cat(angles, dim=-1), pos.new_ones(sum(self.axes_dim) // 2)
         if extent is None:
             extent = self.extent if self.extent is not None else self.id_extent(ids)
         extent = extent.to(device=ids.device, dtype=torch.float64)
