@@ -244,3 +244,22 @@ def test_transformers_init_initialises_vispos_weights_as_vispos_does(pos) -> Non
             assert tensor.shape == fresh_state[name].shape
     for name, tensor in [*model.vispos.named_buffers()]:
         torch.testing.assert_close(tensor, dict(fresh.vispos.named_buffers())[name], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("where", ["disk", "auto"])
+def test_settings_survive_a_device_map_that_offloads_the_positions(where, tmp_path) -> None:
+    """accelerate fills memory in module order, and ``vispos`` (registered last) is the first module sent to disk:
+    its settings record is then not loaded with the weights. The loader reads it from the checkpoint: a model saved
+    with a scaling loads with it whatever the device map."""
+    model = off_init(vispos.patch(vit(), ["learned2d", "rope2d"], inherit=False))
+    vispos.configure(model, scaling="yarn", log_n_attention=True)
+    model.save_pretrained(tmp_path)
+    x = torch.randn(1, 3, 48, 64)  # above the training grid: the scaling is in use
+    if where == "disk":
+        device_map = {"embeddings": "cpu", "layers": "cpu", "layernorm": "cpu", "vispos": "disk"}
+        kwargs = {"device_map": device_map}
+    else:  # the weights fill a memory budget; the rest, vispos first, goes to disk
+        kwargs = {"device_map": "auto", "max_memory": {"cpu": "60KB"}}
+    loaded = vispos.hf.from_pretrained(tmp_path, offload_folder=str(tmp_path / "offload"), **kwargs)
+    assert loaded.vispos_cfg == model.vispos_cfg
+    torch.testing.assert_close(last(loaded, x), last(model, x), rtol=1e-5, atol=1e-6)

@@ -68,6 +68,7 @@ def from_pretrained(path: str | Path, **kwargs: Any) -> nn.Module:
         model, info = _patching(cls, record).from_pretrained(path, config=config, output_loading_info=True,
                                                              **options, **loader)  # fmt: skip
     _check_loaded(model, info, path, record["pos"])
+    _restore_records(model, path)
     model.eval()
     return (model, info) if wanted else model
 
@@ -149,6 +150,34 @@ def _keys(path: Path) -> list[str]:
         with safe_open(file, "pt") as handle:
             keys += list(handle.keys())
     return keys
+
+
+def _restore_records(model: nn.Module, path: Path) -> None:
+    """The positions' settings records (``*vispos*._extra_state``: scaling, log-n, training grid), set from the
+    checkpoint on the modules that hold them. A device map that offloads ``vispos`` to disk (accelerate fills memory in
+    module order, and ``vispos`` is registered last) leaves them out of the loaded state; read here, they apply
+    whatever the map (on a model loaded whole this sets what the load set). Parents first, as ``load_state_dict``
+    sets them, then each ``Positions`` puts its settings on its one training grid."""
+    from safetensors import safe_open
+
+    from ..positions import Positions
+
+    records: dict[str, torch.Tensor] = {}
+    for file in sorted(path.glob("*.safetensors")):
+        with safe_open(file, "pt") as handle:
+            records |= {k: handle.get_tensor(k) for k in handle.keys() if ".vispos" in f".{k}" and  # noqa: SIM118
+                        k.endswith("._extra_state")}  # fmt: skip
+    prefix = getattr(model, "base_model_prefix", "")
+    names = dict(model.named_modules())
+    for key in sorted(records, key=lambda k: k.count(".")):
+        name = key[: -len("._extra_state")]
+        module = names.get(name) or names.get(name.removeprefix(f"{prefix}.")) or names.get(f"{prefix}.{name}")
+        if module is None:
+            raise ValueError(f"{path} holds the record {key}, which no module of the loaded model takes")
+        module.set_extra_state(records[key])
+    for module in model.modules():
+        if isinstance(module, Positions):
+            module.follow_scaling_grid()
 
 
 def _check_loaded(model: nn.Module, info: dict[str, Any], path: Path, pos: list[str]) -> None:
