@@ -169,3 +169,20 @@ def test_save_pretrained_and_from_pretrained_keep_the_positions(name: str, tmp_p
     assert again.vispos_cfg.get("scaling") is None
     # its own positions recomputed through the core: equal to the host's (Qwen-Image's within float rounding)
     torch.testing.assert_close(run(again, given), run(plain, given), rtol=0, atol=1e-6)
+
+
+def test_sd3_keeps_its_stored_table_and_refuses_to_interpolate_another() -> None:
+    """SD3 keeps pos_embed as a persistent buffer its checkpoint loads: a stored table other than the formula's is
+    used as diffusers uses it (cropped), and interpolating the formula's table in its place is refused by name."""
+    model, inputs = build("sd3")
+    with torch.no_grad():
+        model.pos_embed.pos_embed.add_(0.05 * torch.randn_like(model.pos_embed.pos_embed))
+    reference = copy.deepcopy(model)
+    vispos.patch(model, "sincos2d")
+    for h, w in ((4, 4), (6, 5)):
+        torch.testing.assert_close(run(model, inputs(h, w)), run(reference, inputs(h, w)), rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="stored pos_embed is not the sin-cos formula's table"):
+        vispos.configure(model, scaling="linear", train_grid=(3, 3))
+    untouched, _ = build("sd3")
+    vispos.patch(untouched, "sincos2d")
+    vispos.configure(untouched, scaling="linear", train_grid=(3, 3))  # the formula's table: interpolated

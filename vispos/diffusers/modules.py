@@ -9,7 +9,8 @@ keeps its class's name, so that ``save_pretrained`` writes the same ``_class_nam
   max(H // 2, W // 2) + j on every axis; the model's own frequencies and magnitude 1 under any scaling, as the DyPE
   authors' code keeps them).
 - ``LuminaRope``: Lumina 2's ids [B, S, 3] (caption position, row, column) -> complex rotations (complex128).
-- ``PatchedPatchEmbed``: the sin-cos table of SD3, PixArt and DiT from ``sincos.SinCosTable``.
+- ``PatchedPatchEmbed``: the sin-cos table of SD3, PixArt and DiT from ``sincos.SinCosTable`` (SD3's stored table,
+  a persistent buffer its checkpoint loads, cropped as diffusers crops it wherever no interpolation applies).
 - ``SchemeTransformer``, ``SchemePatchEmbed`` (``inherit=False``, ``schemes.py``): a catalogue scheme in place of the
   model's positions; the forward builds the context its attention processors read, the embedding adds the scheme's
   additive table.
@@ -147,7 +148,11 @@ class PatchedPatchEmbed:
             latent = self.norm(latent)
         if self.pos_embed is None:
             return latent.to(latent.dtype)
-        table = self.__dict__["_vispos_table"](grid, latent.device)
+        positions = self.__dict__["_vispos_table"]
+        if self.pos_embed_max_size is not None and not positions.interpolates(grid):  # SD3: its stored table, cropped
+            table = self.cropped_pos_embed(grid[0] * self.patch_size, grid[1] * self.patch_size)[0]
+        else:
+            table = positions(grid, latent.device)
         return (latent + table[None]).to(latent.dtype)
 
 

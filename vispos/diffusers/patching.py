@@ -84,6 +84,7 @@ def patch(model: Any, pos: str | list[str] | tuple[str, ...], *, inherit: bool =
                                        num_prefix_tokens=0, train_grid=grid, schemes=["sincos2d"], options={},
                                        inherited={"from": _describe(module)})  # fmt: skip
         module.__dict__["_vispos_table"] = table
+        table.__dict__["_host_embed"] = module  # SD3's stored table, from its checkpoint (not a submodule of the table)
         module.__class__ = patched(type(module), PatchedPatchEmbed)
     transformer.vispos = positions.train(transformer.training)
     transformer.vispos_family = family.name

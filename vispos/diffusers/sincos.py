@@ -50,7 +50,37 @@ class SinCosTable(nn.Module):
         if read is not None and read.type != "linear":
             raise ValueError(f"{read.type!r} scaling is a RoPE scaling; a sin-cos table takes 'linear' (position "
                              "interpolation)")  # fmt: skip
+        if read is not None:
+            self.check_stored()
         self.scaling, self.train_grid = read, grid
+
+    def check_stored(self) -> None:
+        """Interpolation recomputes the table from the formula: refused where the host's stored table (SD3's
+        ``pos_embed``, loaded from its checkpoint) is another table."""
+        host = self.__dict__.get("_host_embed")
+        table = None if host is None else host.__dict__["_buffers"].get("pos_embed")
+        if table is None or self.max_size is None or table.device.type == "meta":
+            return
+        cells = torch.arange(self.max_size, dtype=torch.float32) / (self.max_size / self.base_size)
+        axis = host_order(sincos_1d(cells / self.interpolation_scale, self.dim // 2))
+        n = self.max_size
+        formula = torch.cat((axis[None, :, :].expand(n, n, -1), axis[:, None, :].expand(n, n, -1)), dim=-1)
+        gap = float((table.detach().float().cpu().reshape(n * n, -1) - formula.reshape(n * n, -1)).abs().max())
+        if gap > 1e-5:
+            raise ValueError(
+                f"this transformer's stored pos_embed is not the sin-cos formula's table (max |difference| {gap:.3g}): "
+                "scaling='linear' interpolates the formula's table, so it would change the positions the weights were "
+                "trained with. Without a scaling the stored table is used, cropped as diffusers crops it"
+            )
+
+    def interpolates(self, grid: tuple[int, int]) -> bool:
+        """Whether a grid is placed by interpolation (a scaling above the training grid) rather than the host's own
+        table."""
+        if self.scaling is None:
+            return False
+        if self.scaling.factor is not None:
+            return self.scaling.factor > 1.0
+        return grid[0] > self.train_grid[0] or grid[1] > self.train_grid[1]
 
     def set_train_grid(self, train_grid: tuple[int, int]) -> None:
         self.train_grid = check_grid(train_grid, "train_grid")
