@@ -5,6 +5,7 @@ text tokens' positions as the host gives them, and refuses what it does not do b
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 import pytest
@@ -186,3 +187,29 @@ def test_sd3_keeps_its_stored_table_and_refuses_to_interpolate_another() -> None
     untouched, _ = build("sd3")
     vispos.patch(untouched, "sincos2d")
     vispos.configure(untouched, scaling="linear", train_grid=(3, 3))  # the formula's table: interpolated
+
+
+@pytest.mark.parametrize("inherit", [True, False])
+def test_a_pipeline_holding_a_patched_transformer_saves_and_reloads(inherit: bool, tmp_path) -> None:
+    """A pipeline given an already patched transformer records diffusers' class in model_index.json: diffusers'
+    own from_pretrained reloads it (the transformer unpatched, as transformers reloads a patched model), and
+    vispos.diffusers.from_pretrained(folder, subfolder="transformer") gives the patched one back."""
+    from vispos.diffusers import from_pretrained
+
+    model, _ = build("dit")
+    vispos.patch(model, "sincos2d" if inherit else "rope2d", inherit=inherit)
+    vispos.configure(model, scaling="linear" if inherit else "yarn")
+    torch.manual_seed(0)
+    vae = diffusers.AutoencoderKL(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",),
+                                  up_block_types=("UpDecoderBlock2D",), block_out_channels=(8,), latent_channels=4,
+                                  norm_num_groups=4, layers_per_block=1)  # fmt: skip
+    pipe = diffusers.DiTPipeline(transformer=model, vae=vae, scheduler=diffusers.DDIMScheduler(num_train_timesteps=10))
+    pipe.transformer = model  # assigning it again records it again
+    pipe.save_pretrained(tmp_path)
+    index = json.loads((tmp_path / "model_index.json").read_text())
+    assert index["transformer"] == ["diffusers", "DiTTransformer2DModel"]
+    again = diffusers.DiffusionPipeline.from_pretrained(tmp_path)
+    assert type(again.transformer) is diffusers.DiTTransformer2DModel
+    patched = from_pretrained(tmp_path, subfolder="transformer")
+    assert patched.vispos_cfg["scaling"] == model.vispos_cfg["scaling"]
+    assert type(patched).__name__ == "DiTTransformer2DModel" and hasattr(patched, "vispos")

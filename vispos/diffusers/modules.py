@@ -196,6 +196,14 @@ def __getattr__(name: str) -> type:  # module attribute lookup: how pickle finds
     return patched(base, MIXINS[mixin])
 
 
+def report_host_module(transformer: nn.Module, base: type) -> None:
+    """The patched instance reports its diffusers class's module (``transformer.__module__``): a pipeline records
+    ``(library, class)`` from it in ``model_index.json``, so that diffusers' own ``from_pretrained`` reloads a pipeline
+    saved with a patched transformer (unpatched; ``vispos.diffusers.from_pretrained`` gives the patched one). Pickle
+    reads the class's own ``__module__``, which stays this module's."""
+    transformer.__dict__["__module__"] = base.__module__
+
+
 def set_rope(module: nn.Module, rope: nn.Module) -> None:
     module.__dict__["_vispos_rope"] = rope
 

@@ -19,7 +19,15 @@ from ..host import PositionsHost
 from ..positions import Positions
 from ..registry import get_info
 from .families import FAMILIES, Family, find_transformer
-from .modules import ROPE_CLASSES, PatchedPatchEmbed, PatchedTransformer, forward_parameters, patched, set_rope
+from .modules import (
+    ROPE_CLASSES,
+    PatchedPatchEmbed,
+    PatchedTransformer,
+    forward_parameters,
+    patched,
+    report_host_module,
+    set_rope,
+)
 from .rotary import AxisRope
 from .schemes import patch_schemes
 from .sincos import SinCosTable
@@ -89,6 +97,7 @@ def patch(model: Any, pos: str | list[str] | tuple[str, ...], *, inherit: bool =
     transformer.vispos = positions.train(transformer.training)
     transformer.vispos_family = family.name
     transformer.vispos_parameters = forward_parameters(type(transformer))
+    report_host_module(transformer, type(transformer))
     transformer.__class__ = patched(type(transformer), PatchedTransformer)
     return model
 

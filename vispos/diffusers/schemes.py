@@ -28,7 +28,7 @@ from ..encodings.rope2d import Rope2d
 from ..host import HostShape, build_positions, plan_schemes
 from ..positions import PositionContext, Positions
 from .families import Family
-from .modules import SchemePatchEmbed, SchemeTransformer, forward_parameters, patched
+from .modules import SchemePatchEmbed, SchemeTransformer, forward_parameters, patched, report_host_module
 
 
 class SchemeAttnProcessor:
@@ -117,5 +117,6 @@ def patch_schemes(transformer: nn.Module, family: Family, pos: Any, options: dic
     transformer.vispos = positions.train(transformer.training)
     transformer.vispos_family = family.name
     transformer.vispos_parameters = forward_parameters(type(transformer))
+    report_host_module(transformer, type(transformer))
     transformer.__class__ = patched(type(transformer), SchemeTransformer)
     return positions
