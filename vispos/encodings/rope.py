@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, replace
 import torch
 from einops import rearrange
 from torch import nn
+from torch.autograd import forward_ad
 
 from .._state import decode, encode
 from .._validate import check_choice, check_dim, check_float, check_positions
@@ -65,8 +66,11 @@ def _promoting(x: torch.Tensor) -> torch.Tensor:
 
 
 def _traced() -> bool:
-    """Inside a trace or a compile: the rotation stays the formula, which the compiler fuses."""
-    return torch.compiler.is_compiling() or torch.jit.is_tracing()
+    """Inside a trace or a compile: the rotation stays the formula, which the compiler fuses. Likewise under
+    functorch's transforms (``torch.func.grad``, ``vmap``, ``jacrev``, ``jvp``) and forward-mode AD, which the
+    formula's ops support and the eager Function does not."""
+    return (torch.compiler.is_compiling() or torch.jit.is_tracing() or torch._C._are_functorch_transforms_active()
+            or forward_ad._current_level >= 0)  # fmt: skip
 
 
 def _eager_inference(*tensors: torch.Tensor) -> bool:
