@@ -213,3 +213,19 @@ def test_a_pipeline_holding_a_patched_transformer_saves_and_reloads(inherit: boo
     patched = from_pretrained(tmp_path, subfolder="transformer")
     assert patched.vispos_cfg["scaling"] == model.vispos_cfg["scaling"]
     assert type(patched).__name__ == "DiTTransformer2DModel" and hasattr(patched, "vispos")
+
+
+@pytest.mark.parametrize("inherit", [True, False])
+def test_the_patched_class_builds_no_model(inherit: bool, tmp_path) -> None:
+    """diffusers' class idioms on a patched class would build a model without positions: refused by name."""
+    from vispos.diffusers import from_pretrained
+
+    model, _ = build("dit")
+    vispos.patch(model, "sincos2d" if inherit else "rope2d", inherit=inherit)
+    model.save_pretrained(tmp_path)
+    for make in (lambda: type(model)(**model.config), lambda: type(model).from_config(model.config),
+                 lambda: type(model).from_pretrained(tmp_path)):  # fmt: skip
+        with pytest.raises(TypeError, match=r"builds no model.*vispos.diffusers.from_pretrained"):
+            make()
+    assert hasattr(from_pretrained(tmp_path), "vispos")
+    assert hasattr(copy.deepcopy(model), "vispos")  # copies are not builds

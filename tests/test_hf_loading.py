@@ -263,3 +263,18 @@ def test_settings_survive_a_device_map_that_offloads_the_positions(where, tmp_pa
     loaded = vispos.hf.from_pretrained(tmp_path, offload_folder=str(tmp_path / "offload"), **kwargs)
     assert loaded.vispos_cfg == model.vispos_cfg
     torch.testing.assert_close(last(loaded, x), last(model, x), rtol=1e-5, atol=1e-6)
+
+
+def test_from_pretrained_takes_transformers_config_keyword(tmp_path) -> None:
+    """``config=`` with transformers' meaning: a config object used as it is (as transformers' own save / load and
+    attention-implementation tests pass it), or a folder holding one."""
+    model = off_init(vispos.patch(vit(), "rope2d", inherit=False))
+    model.save_pretrained(tmp_path)
+    x = torch.randn(1, 3, 32, 48)
+    config = tf.AutoConfig.from_pretrained(tmp_path)
+    config._attn_implementation = "eager"
+    loaded = vispos.hf.from_pretrained(tmp_path, config=config)
+    assert loaded.config._attn_implementation == "eager" and loaded.vispos_cfg == model.vispos_cfg
+    torch.testing.assert_close(last(loaded, x), last(model, x), rtol=1e-5, atol=1e-5)
+    again = vispos.hf.from_pretrained(tmp_path, config=str(tmp_path))
+    torch.testing.assert_close(last(again, x), last(model, x), rtol=1e-5, atol=1e-5)

@@ -31,7 +31,19 @@ _PREFIX = "_vispos["
 _CLASSES: dict[tuple[type, type], type] = {}
 
 
-class PatchedTransformer(PositionsHost):
+class BuiltByPatch:
+    """A patched transformer class is never built (``type(patched)(**config)``, ``.from_config``, ``.from_pretrained``
+    would give a model without its positions): refused, naming what builds one."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        name = type(self).__name__
+        raise TypeError(
+            f"the class of a vispos-patched {name} builds no model: build diffusers' {name} and patch it "
+            "(vispos.patch), or load a saved one with vispos.diffusers.from_pretrained(folder)"
+        )
+
+
+class PatchedTransformer(BuiltByPatch, PositionsHost):
     """A diffusers transformer with vispos positions (``vispos``, ``vispos_cfg``); its forward is the host's."""
 
     vispos_family: str
@@ -54,7 +66,7 @@ class PatchedTransformer(PositionsHost):
             rope.sigma = rope.extent = None
 
 
-class SchemeTransformer(PositionsHost):
+class SchemeTransformer(BuiltByPatch, PositionsHost):
     """A DiT or PixArt with a catalogue scheme in its self-attention (``schemes.patch_schemes``): each forward builds
     the positional context at the latent's token grid, which the blocks' ``SchemeAttnProcessor`` read, and gives a
     rope2d under DyPE's schedule the noise level of its ``timestep`` (one per forward: the batch's first)."""

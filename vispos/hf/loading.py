@@ -9,6 +9,7 @@ place for dropped, both said, except the positional weights, which must all be t
 
 from __future__ import annotations
 
+import copy
 import importlib
 import inspect
 import json
@@ -38,7 +39,8 @@ def from_pretrained(path: str | Path, **kwargs: Any) -> nn.Module:
     was saved, patched as recorded in ``config.vispos`` before its weights arrive, and loaded by transformers'
     own ``from_pretrained`` (equal outputs).
 
-    ``kwargs`` are transformers' loader keywords with transformers' meaning (``dtype`` including ``"auto"``,
+    ``kwargs`` are transformers' loader keywords with transformers' meaning (``config``: a config object used as it
+    is, the other keywords then the constructor's, or a config folder; ``dtype`` including ``"auto"``,
     ``device_map`` including ``"auto"`` and offloading to ``"cpu"`` / ``"disk"`` with ``offload_folder``,
     ``output_loading_info``, ``ignore_mismatched_sizes``, ``use_safetensors``, ``low_cpu_mem_usage``...: the
     checkpoint may be sharded, and its keys go through the family's checkpoint conversions), attributes of the
@@ -56,7 +58,12 @@ def from_pretrained(path: str | Path, **kwargs: Any) -> nn.Module:
     record = _record(path)
     loader = {k: kwargs.pop(k) for k in list(kwargs) if k in LOADER_KEYWORDS}
     attn = kwargs.pop("attn_implementation", None)
-    config, unused = transformers.AutoConfig.from_pretrained(path, return_unused_kwargs=True, **kwargs)
+    given = kwargs.pop("config", None)
+    if isinstance(given, transformers.PretrainedConfig):  # transformers' meaning: this config, the rest options
+        config, unused = copy.deepcopy(given), kwargs
+    else:  # a folder or name of a config (or None: the checkpoint's own), its attributes overridden by kwargs
+        source = path if given is None else given
+        config, unused = transformers.AutoConfig.from_pretrained(source, return_unused_kwargs=True, **kwargs)
     cls = model_class(config)
     options = constructor_options(cls, unused, _keys(path))
     if attn:
