@@ -229,3 +229,15 @@ def test_the_patched_class_builds_no_model(inherit: bool, tmp_path) -> None:
             make()
     assert hasattr(from_pretrained(tmp_path), "vispos")
     assert hasattr(copy.deepcopy(model), "vispos")  # copies are not builds
+
+
+def test_inherit_keeps_an_interpolation_scale_other_than_one() -> None:
+    """PixArt's table divides its coordinates by interpolation_scale (PixArt-Sigma's 2 at 1024 px; DiT's config has
+    none: always 1)."""
+    model, inputs = build("pixart")
+    torch.manual_seed(0)
+    model = type(model).from_config(dict(model.config) | {"interpolation_scale": 2}).eval()
+    reference = copy.deepcopy(model)
+    vispos.patch(model, "sincos2d")
+    for h, w in ((4, 4), (6, 5)):
+        torch.testing.assert_close(run(model, inputs(h, w)), run(reference, inputs(h, w)), rtol=0, atol=1e-6)

@@ -122,7 +122,7 @@ def test_the_schedules_ends() -> None:
     torch.testing.assert_close(noisy, (1e4 * 2.0 ** (2 * d / (d - 2))) ** (-torch.arange(0, d, 2).double() / d))
 
 
-@pytest.mark.parametrize(("name", "level"), [("flux", lambda t: t), ("qwen", lambda t: t),
+@pytest.mark.parametrize(("name", "level"), [("flux", lambda t: t), ("flux2", lambda t: t), ("qwen", lambda t: t),
                                              ("lumina", lambda t: 1 - t)])  # fmt: skip
 def test_the_schedule_reads_the_noise_level_of_the_forwards_timestep(name: str, level) -> None:
     model, inputs = build(name)
@@ -270,3 +270,34 @@ def test_dype_refuses_a_batch_of_mixed_timesteps(name: str) -> None:
     run(model, batch | {"timestep": same})  # guidance batches: one timestep
     with pytest.raises(RuntimeError, match="DyPE's schedule takes one noise level per forward"):
         run(model, batch | {"timestep": same * torch.tensor([1.0, 0.5])})
+
+
+@pytest.mark.parametrize("kind", ["yarn", "ntk"])
+def test_each_axis_scales_against_its_own_training_length(kind: str) -> None:
+    """A non-square training grid: each axis's factor and YaRN's ramp come from that axis's own training length (the
+    x axis's from the width, not the height)."""
+    model, _ = build("flux")
+    vispos.patch(model, "rope2d")
+    vispos.configure(model, scaling=kind, train_grid=(3, 5))
+    ids = torch.cat((torch.zeros(2, 3), _flux_ids(6, 10, 3)))  # both axes at twice their training size
+    cos, _ = model.pos_embed(ids)
+    freqs, factors = [], []
+    for dim, setting, length in ((4, None, 1), (6, RopeScaling(kind, original_length=3), 6),
+                                 (6, RopeScaling(kind, original_length=5), 10)):  # fmt: skip
+        inv, factor = scaled_inv_freq(dim, 10000.0, setting, length)
+        freqs.append(inv)
+        factors.append(torch.full((dim // 2,), factor))
+    angles = torch.cat([ids[:, a, None] * f for a, f in enumerate(freqs)], dim=-1)
+    want = (angles.cos() * torch.cat(factors)).repeat_interleave(2, -1)
+    torch.testing.assert_close(cos, want, rtol=0, atol=2e-6)
+
+
+def test_the_default_training_grids_are_the_released_checkpoints() -> None:
+    """The grids scalings are relative to by default: the DyPE authors' code's 64 for FLUX (1024 px) and 83 for
+    Qwen-Image (1328 px), FLUX's for FLUX.2 and Lumina 2; the sin-cos families' config sample_size // patch_size."""
+    expected = {"flux": (64, 64), "flux2": (64, 64), "qwen": (83, 83), "lumina": (64, 64), "sd3": (4, 4),
+                "pixart": (4, 4), "dit": (4, 4)}  # fmt: skip
+    for name, grid in expected.items():
+        model, _ = build(name)
+        vispos.patch(model, "rope2d" if name in ROPE else "sincos2d")
+        assert tuple(model.vispos_cfg["train_grid"]) == grid, name
