@@ -276,14 +276,17 @@ def test_dype_refuses_a_batch_of_mixed_timesteps(name: str) -> None:
 def test_each_axis_scales_against_its_own_training_length(kind: str) -> None:
     """A non-square training grid: each axis's factor and YaRN's ramp come from that axis's own training length (the
     x axis's from the width, not the height)."""
-    model, _ = build("flux")
+    # axes of 14 channels and these lengths put YaRN's ramp ends on different pairs for y and x (whole pairs)
+    model = diffusers.FluxTransformer2DModel(patch_size=1, in_channels=4, num_layers=1, num_single_layers=1,
+                                             attention_head_dim=32, num_attention_heads=2, joint_attention_dim=8,
+                                             pooled_projection_dim=8, axes_dims_rope=(4, 14, 14))  # fmt: skip
     vispos.patch(model, "rope2d")
-    vispos.configure(model, scaling=kind, train_grid=(3, 5))
-    ids = torch.cat((torch.zeros(2, 3), _flux_ids(6, 10, 3)))  # both axes at twice their training size
+    vispos.configure(model, scaling=kind, train_grid=(10, 40))
+    ids = torch.cat((torch.zeros(2, 3), _flux_ids(20, 80, 3)))  # both axes at twice their training size
     cos, _ = model.pos_embed(ids)
     freqs, factors = [], []
-    for dim, setting, length in ((4, None, 1), (6, RopeScaling(kind, original_length=3), 6),
-                                 (6, RopeScaling(kind, original_length=5), 10)):  # fmt: skip
+    for dim, setting, length in ((4, None, 1), (14, RopeScaling(kind, original_length=10), 20),
+                                 (14, RopeScaling(kind, original_length=40), 80)):  # fmt: skip
         inv, factor = scaled_inv_freq(dim, 10000.0, setting, length)
         freqs.append(inv)
         factors.append(torch.full((dim // 2,), factor))
