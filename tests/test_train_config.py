@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from train.__main__ import main as train_main
+from train.config.generation import GenerationConfig
 from train.config.sections import ConfigError, SchemeConfig, apply_overrides
 from train.experiment.loading import config_from_dict, load_config
 
@@ -102,7 +103,12 @@ def test_shipped_configs_validate() -> None:
     assert {"fmnist_extrapolation.yaml", "fmnist_native.yaml", "grid_tasks_zoom.yaml"} <= {p.name for p in configs}
     for path in configs:
         cfg = load_config(path)
-        assert cfg.schemes and cfg.eval.protocols
+        assert cfg.schemes
+        if isinstance(cfg, GenerationConfig):  # task: generation (fmnist_dit*)
+            assert cfg.sizes[0] == cfg.data.img_size
+        else:
+            assert cfg.eval.protocols
+    assert {"fmnist_dit.yaml", "fmnist_dit_quick.yaml"} <= {p.name for p in configs}
 
 
 def test_multires_seeds_and_finetune_checks() -> None:
