@@ -11,7 +11,7 @@ TIMM_MIN := $(shell sed -n 's/^ *"timm>=\([0-9.]*\)".*/\1/p' pyproject.toml)
 TRANSFORMERS_MIN := $(shell sed -n 's/^hf = \["transformers>=\([0-9.]*\)".*/\1/p' pyproject.toml)
 DIFFUSERS_MIN := $(shell sed -n 's/^diffusers = \["diffusers>=\([0-9.]*\)".*/\1/p' pyproject.toml)
 
-.PHONY: hf-suite timm-tests suites-ci compiled-kernels test test-min test-hf-min test-diffusers-min wheel-check demo lint describe fmnist clean
+.PHONY: hf-suite timm-tests suites-ci compiled-kernels test test-slow test-min test-hf-min test-diffusers-min wheel-check demo lint describe fmnist clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -87,6 +87,11 @@ clean:
 # from eager or recompiles at a new size (tests/test_compiled_schemes.py, marked `compiled`, which the test suite
 # leaves out; the suite checks a representative pair, tests/test_compiled_kernels.py). The table of
 # docs/performance.md: `$(PY) -m benchmarks.compiled_work --size 64 --batch 2`.
+# The slow checks make test leaves out (a CI step): exports at dynamic sizes, DDP / FSDP in several processes, the
+# GPU check's dry runs, inductor's kernel budget per scheme.
+test-slow: $(VENV)/.installed fmnist
+	$(PY) -m pytest -q -n auto -p no:cacheprovider -m slow
+
 compiled-kernels: $(VENV)/.installed
 	$(PY) -m pytest -q -n auto -p no:cacheprovider -m compiled tests/test_compiled_schemes.py tests/test_compiled_resample.py
 

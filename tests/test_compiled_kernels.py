@@ -12,6 +12,8 @@ import torch
 from benchmarks.compiled_work import build as build_model
 from benchmarks.compiled_work import compiled_work, kernel_budget
 
+pytestmark = pytest.mark.slow  # inductor's kernels per scheme: make test-slow (a CI step), not make test
+
 TINY = {"depth": 2, "embed_dim": 64, "num_heads": 2}
 SIZE = 32
 

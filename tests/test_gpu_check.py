@@ -10,6 +10,8 @@ import pytest
 import vispos
 from benchmarks.gpu_check import main
 
+pytestmark = pytest.mark.slow  # the GPU check's dry runs: make test-slow (a CI step), not make test
+
 SCHEMES = set(vispos.list_encodings(ndim=2))
 FLEX = {f"{s} (flex)" for s in vispos.list_encodings(ndim=2, kind="bias")}
 ONE_GRID = set(vispos.list_encodings(ndim=2, kind="query_bias"))  # refused in ragged batches (decomposed2d)

@@ -9,6 +9,8 @@ from torch.export import Dim
 
 import vispos
 
+pytestmark = pytest.mark.slow  # torch.export and ONNX at dynamic sizes: make test-slow (a CI step), not make test
+
 SCHEMES = [*vispos.list_encodings(ndim=2), ["learned2d", "rope2d"]]
 IDS = ["+".join(s) if isinstance(s, list) else s for s in SCHEMES]
 SIZES = [(1, 3, 128, 48), (3, 3, 64, 96), (2, 3, 32, 160)]  # none of them the traced size

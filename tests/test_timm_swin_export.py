@@ -14,6 +14,8 @@ from torch.export import Dim
 
 import vispos
 
+pytestmark = pytest.mark.slow  # torch.export and ONNX at dynamic sizes: make test-slow (a CI step), not make test
+
 V1, V2 = "swin_tiny_patch4_window7_224", "swinv2_tiny_window8_256"
 # One case per path through the model: the inherited table bias, a rotation (rope2d_mixed: the window rotation
 # rope2d shares, with learned frequencies), an additive table after the patch embedding, the continuous bias.

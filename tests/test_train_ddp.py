@@ -7,11 +7,14 @@ import os
 import socket
 from pathlib import Path
 
+import pytest
 import torch
 import torch.multiprocessing as mp
 
 from train.experiment.run import run_experiment
 from train.testing import tiny_config
+
+pytestmark = pytest.mark.slow  # DDP in several processes: make test-slow (a CI step), not make test
 
 SECTIONS = {"schemes": ["rope2d"], "train": {"epochs": 2, "batch_size": 40, "sizes": [16, 20, 28]},
             "eval": {"sizes": [20, 28, 40]}}

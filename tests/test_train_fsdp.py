@@ -21,6 +21,8 @@ from train.config.sections import ConfigError
 from train.experiment.run import run_experiment
 from train.testing import make_image_folder, tiny_config
 
+pytestmark = pytest.mark.slow  # FSDP2 in several processes: make test-slow (a CI step), not make test
+
 SCHEMES = ["rope2d", "rope2d_mixed", "relbias2d", "learned2d"]
 # 4 classes x 20 images of 16 px (RGB), batch 16: 5 steps an epoch
 TRAIN = {"epochs": 1, "batch_size": 16, "val_every_epoch": False}
