@@ -277,10 +277,7 @@ def test_each_axis_scales_against_its_own_training_length(kind: str) -> None:
     """A non-square training grid: each axis's factor and YaRN's ramp come from that axis's own training length (the
     x axis's from the width, not the height)."""
     # axes of 14 channels and these lengths put YaRN's ramp ends on different pairs for y and x (whole pairs)
-    model = diffusers.FluxTransformer2DModel(patch_size=1, in_channels=4, num_layers=1, num_single_layers=1,
-                                             attention_head_dim=32, num_attention_heads=2, joint_attention_dim=8,
-                                             pooled_projection_dim=8, axes_dims_rope=(4, 14, 14))  # fmt: skip
-    vispos.patch(model, "rope2d")
+    model = vispos.patch(wide_flux(), "rope2d")
     vispos.configure(model, scaling=kind, train_grid=(10, 40))
     ids = torch.cat((torch.zeros(2, 3), _flux_ids(20, 80, 3)))  # both axes at twice their training size
     cos, _ = model.pos_embed(ids)
@@ -304,3 +301,39 @@ def test_the_default_training_grids_are_the_released_checkpoints() -> None:
         model, _ = build(name)
         vispos.patch(model, "rope2d" if name in ROPE else "sincos2d")
         assert tuple(model.vispos_cfg["train_grid"]) == grid, name
+
+
+def test_flux2_refuses_its_kv_cache_under_a_scaling() -> None:
+    """Keys cached at step 0 carry that step's extent and noise level: with a scaling or log-n the cache would break
+    relative positions, so the combination is refused (without one the positions are the host's)."""
+    model, inputs = build("flux2")
+    vispos.patch(model, "rope2d")
+    for setting in ({"scaling": "yarn", "schedule": "dype"}, {"log_n_attention": True}):
+        vispos.configure(model, **{"scaling": None, "log_n_attention": False, **setting})
+        with pytest.raises(ValueError, match="KV cache.*under a scaling or log-n attention"):
+            run(model, inputs(4, 4) | {"kv_cache_mode": "extract"})
+
+
+def wide_flux() -> torch.nn.Module:
+    """A FLUX with RoPE sections of 14 channels: wide enough for YaRN's ramp ends to fall on different pairs."""
+    return diffusers.FluxTransformer2DModel(patch_size=1, in_channels=4, num_layers=1, num_single_layers=1,
+                                            attention_head_dim=32, num_attention_heads=2, joint_attention_dim=8,
+                                            pooled_projection_dim=8, axes_dims_rope=(4, 14, 14))  # fmt: skip
+
+
+def test_the_dype_papers_yarn_baseline_is_exponent_zero() -> None:
+    """schedule={"type": "dype", "exponent": 0}: kappa = 1 at every step, the paper's YaRN baseline (its three bands
+    at kappa = 1): the same rotation at every timestep, DyPE's at sigma 1, and not YaRN's own single ramp."""
+    model = vispos.patch(wide_flux(), "rope2d")
+    ids = torch.cat((torch.zeros(2, 3), _flux_ids(64, 64, 3)))
+    rope = model.vispos.rotation
+
+    def at(sigma: float, **setting: object) -> torch.Tensor:
+        vispos.configure(model, train_grid=(32, 32), **setting)
+        rope.sigma = torch.tensor(sigma, dtype=torch.float64)
+        return model.pos_embed(ids)[0]
+
+    baseline = {"scaling": "yarn", "schedule": {"type": "dype", "exponent": 0.0}}
+    torch.testing.assert_close(at(0.1, **baseline), at(0.9, **baseline), rtol=0, atol=0)
+    torch.testing.assert_close(at(0.3, **baseline), at(1.0, scaling="yarn", schedule="dype"), rtol=0, atol=0)
+    assert not torch.allclose(at(0.3, **baseline), at(0.3, scaling="yarn", schedule=None))

@@ -54,6 +54,15 @@ class PatchedTransformer(BuiltByPatch, PositionsHost):
         if rope is None:
             return super().forward(*args, **kwargs)  # type: ignore[misc]
         given = dict(zip(self.vispos_parameters, args, strict=False)) | kwargs
+        cached = given.get("kv_cache") is not None or given.get("kv_cache_mode") is not None
+        if cached and (rope.scaling is not None or rope.log_n_tokens is not None):
+            raise ValueError(
+                f"{self.vispos_family} with a KV cache (Flux2KleinKVPipeline) under a scaling or log-n attention: the "
+                "keys cached at the first step were rotated for the reference-plus-target extent and that step's "
+                "noise level, later queries for the target's and their own, so q . k would no longer depend on the "
+                "offset alone. Switch the scaling off (vispos.configure(transformer, scaling=None, "
+                "log_n_attention=False)) or sample without the cache"
+            )
         timestep = given.get("timestep")
         scheduled = rope.schedule is not None and rope.scaling is not None
         rope.sigma = None if timestep is None else noise_level(FAMILIES[self.vispos_family], timestep,

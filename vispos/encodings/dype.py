@@ -44,7 +44,9 @@ TENSOR_TYPES: tuple[str, ...] = ("linear", "ntk", "yarn")  # scalings computed h
 class TimestepSchedule:
     """DyPE's schedule, defaults from the authors' released code: kappa(sigma) = sigma ** ``exponent``; NTK's
     exponent multiplied by ``ntk_scale`` kappa; YaRN's band edges ``beta`` and ``gamma`` (rotations over the
-    training length) multiplied by kappa."""
+    training length) multiplied by kappa. ``exponent=0`` holds kappa at 1 at every step: with ``yarn`` the DyPE
+    paper's YaRN baseline (its three bands at kappa = 1, which ``scaling="yarn"`` alone, YaRN's own single ramp,
+    does not give)."""
 
     type: str = "dype"
     exponent: float = 2.0
@@ -55,7 +57,7 @@ class TimestepSchedule:
     def __post_init__(self) -> None:
         if self.type not in SCHEDULES:
             raise ValueError(f"unknown timestep schedule {self.type!r}; accepted: {', '.join(SCHEDULES)}")
-        check_float("exponent", self.exponent, positive=True)
+        check_float("exponent", self.exponent, minimum=0.0)  # 0: kappa = 1 at every step (the paper's baselines)
         check_float("ntk_scale", self.ntk_scale, positive=True)
         for name in ("beta", "gamma"):
             pair = tuple(float(v) for v in getattr(self, name))
