@@ -231,3 +231,17 @@ def test_fake_cuda_forward_keeps_every_tensor_on_the_device(pos: str) -> None:
                     class_labels=torch.tensor([1], device="cuda"), return_dict=False)[0]  # fmt: skip
         assert out.device.type == "cuda"
     assert not watch.unexplained(), watch.unexplained()
+
+
+def test_log_n_attention_scales_every_logit_above_the_training_grid(monkeypatch: pytest.MonkeyPatch) -> None:
+    """log-n attention inside the DiT: q . k x ln N / ln N_train for N image tokens, as the timm host applies it
+    (through SDPA's scale; a bias scheme's mask is added unscaled)."""
+    model, _ = fresh("dit", "rope2d")
+    plain = _logits(model, _same_content(model, 6, 6), monkeypatch)
+    vispos.configure(model, log_n_attention=True)
+    scaled = _logits(model, _same_content(model, 6, 6), monkeypatch)
+    ratio = torch.log(torch.tensor(36.0)) / torch.log(torch.tensor(16.0))  # a 6 x 6 grid, trained at 4 x 4
+    torch.testing.assert_close(scaled, plain * ratio, rtol=1e-5, atol=1e-5)
+    at_training = _logits(model, _same_content(model, 4, 4), monkeypatch)
+    vispos.configure(model, log_n_attention=False)
+    torch.testing.assert_close(at_training, _logits(model, _same_content(model, 4, 4), monkeypatch))

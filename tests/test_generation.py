@@ -96,6 +96,7 @@ def test_the_quick_config_runs_end_to_end_and_resumes(tmp_path, capsys) -> None:
     assert same[0]["14"]["fid"] == same[1]["14"]["fid"]  # at the training size DyPE-YaRN changes nothing
     assert same[0]["42"]["fid"] != same[1]["42"]["fid"]  # above it, it does
     assert (tmp_path / "results.md").is_file() and (tmp_path / "scores.png").is_file()
+    assert (tmp_path / "classes.png").is_file()  # one class at every size, by the entries that ran
     checkpoint = tmp_path / "rope2d" / "checkpoint.pt"
     stamp = checkpoint.stat().st_mtime_ns
     capsys.readouterr()

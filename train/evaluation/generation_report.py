@@ -161,6 +161,57 @@ def plot(results: dict[str, Any], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+FIGURE_ENTRIES: tuple[str, ...] = ("dit", "rope2d", "rope2d+yarn+dype", "lookhere2d")  # the figure's rows, if run
+FIGURE_CLASS = 9  # ankle boot: a shape whose repetition or stretching shows at a glance
+GRID_COLUMNS, GRID_PADDING = 8, 1  # the sample grids' layout (``save_image(nrow=8, padding=1)``)
+
+
+def sample_strip(path: Path, size: int, row: int, count: int = 4) -> Any:
+    """The first ``count`` samples of class ``row`` from a saved sample grid, side by side, as an array."""
+    from matplotlib.image import imread
+
+    grid = imread(path)
+    step = size + GRID_PADDING
+    top = GRID_PADDING + row * step
+    cells = [grid[top : top + size, GRID_PADDING + c * step : GRID_PADDING + c * step + size] for c in range(count)]
+    strip = [cells[0]]
+    for cell in cells[1:]:
+        strip += [grid[top : top + size, :1] * 0 + 1, cell]  # a white column between samples
+    import numpy as np
+
+    return np.concatenate(strip, axis=1)
+
+
+def class_figure(results: dict[str, Any], run_dir: Path, path: Path) -> list[str]:
+    """One class generated at every size by up to three entries (``FIGURE_ENTRIES`` that have sample grids, seed
+    ``results["seeds"][0]``): rows entries, columns sizes. Returns the entries drawn (none: no figure)."""
+    from matplotlib.figure import Figure
+
+    seed = results["seeds"][0]
+    folder = run_dir / f"seed_{seed}" if (run_dir / f"seed_{seed}").is_dir() else run_dir
+    sizes = results["sizes"]
+    rows = [e for e in FIGURE_ENTRIES if all((folder / e / f"samples_{s}.png").is_file() for s in sizes)][:3]
+    if not rows:
+        return []
+    fig = Figure(figsize=(2.3 * len(sizes) * 1.4, 1.25 * len(rows) + 0.6))
+    axes = fig.subplots(len(rows), len(sizes), squeeze=False)
+    for r, entry in enumerate(rows):
+        for c, size in enumerate(sizes):
+            ax = axes[r][c]
+            ax.imshow(sample_strip(folder / entry / f"samples_{size}.png", size, FIGURE_CLASS), cmap="gray")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if r == 0:
+                ax.set_title(f"{size} px ({size / results['train_size']:.0f}x)", fontsize=9)
+            if c == 0:
+                ax.set_ylabel(entry, fontsize=8)
+    fig.suptitle(f"{results['name']}: class {FIGURE_CLASS} (ankle boot), the first four samples of seed {seed}, "
+                 f"trained at {results['train_size']} px", fontsize=9)  # fmt: skip
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return rows
+
+
 def combine(runs: list[dict[str, Any]], *, command: str | None) -> dict[str, Any]:
     """One report of several seeds' results (each seed's ``scores`` and training records merged per entry)."""
     first = runs[0]
@@ -191,4 +242,5 @@ def write_report(results: dict[str, Any], run_dir: Path) -> str:
           "Sample grids: `<entry>/samples_<size>.png` (one row per class).", ""]  # fmt: skip
     (run_dir / "results.md").write_text("\n".join(md))
     plot(results, run_dir / "scores.png")
+    class_figure(results, run_dir, run_dir / "classes.png")
     return tables
