@@ -241,3 +241,20 @@ def test_inherit_keeps_an_interpolation_scale_other_than_one() -> None:
     vispos.patch(model, "sincos2d")
     for h, w in ((4, 4), (6, 5)):
         torch.testing.assert_close(run(model, inputs(h, w)), run(reference, inputs(h, w)), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["flux", "qwen", "sd3", "dit"])
+def test_released_weights_load_strictly_into_a_patched_transformer(name: str) -> None:
+    """A plain diffusers checkpoint has no vispos records: it loads strictly, the model keeping its own settings."""
+    model, inputs = build(name)
+    released = build(name, seed=1)[0]
+    vispos.patch(model, "rope2d" if name in ROPE else "sincos2d")
+    vispos.configure(model, scaling="linear", train_grid=(3, 3))
+    model.load_state_dict(released.state_dict())  # strict
+    assert model.vispos_cfg["scaling"] == {"scaling": "linear"}
+    vispos.configure(model, scaling=None)
+    given = inputs(4, 4)
+    torch.testing.assert_close(run(model, given), run(released, given), rtol=1e-5, atol=1e-6)
+    fresh = vispos.patch(build("dit")[0], "learned2d", inherit=False)
+    with pytest.raises(RuntimeError, match=r"Missing key\(s\).*vispos\.additive"):  # the scheme's weights: not there
+        fresh.load_state_dict(build("dit", seed=1)[0].state_dict())

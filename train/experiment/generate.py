@@ -180,7 +180,8 @@ class GenerationRun:
                 scores = score_images(self.scorer, images, labels, self.reference[size], crop=cfg.data.img_size,
                                       seed=cfg.seed).to_json()  # fmt: skip
                 out[str(size)] = scores | {"seconds": round(time.time() - start, 1)}
-                grid = torch.cat([images[labels == c][:8] for c in range(self.num_classes)])
+                rows = [images[labels == c][:8] for c in range(self.num_classes)]  # one row per class, white-padded
+                grid = torch.cat([torch.cat((r, r.new_ones((8 - len(r), *r.shape[1:])))) for r in rows])
                 folder.mkdir(parents=True, exist_ok=True)
                 save_image(grid, folder / f"samples_{size}.png", nrow=8, padding=1, pad_value=1.0)
             return out

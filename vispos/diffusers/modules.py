@@ -217,12 +217,24 @@ def __getattr__(name: str) -> type:  # module attribute lookup: how pickle finds
     return patched(base, MIXINS[mixin])
 
 
+def adopt_plain_checkpoint(model: nn.Module, state_dict: dict[str, Any], prefix: str, *_: Any) -> None:
+    """``load_state_dict`` pre-hook: a plain diffusers checkpoint (released weights, no ``vispos.`` entries) takes the
+    model's own settings records, so that it loads strictly into a patched transformer. The weights of a scheme that
+    replaced the model's positions (``inherit=False``) are not in it and stay missing (strict loading names them)."""
+    if any(k.startswith(f"{prefix}vispos.") for k in state_dict):
+        return  # a vispos checkpoint: Positions checks its settings
+    for name, module in model.vispos.named_modules(prefix="vispos"):
+        if type(module).get_extra_state is not nn.Module.get_extra_state:
+            state_dict[f"{prefix}{name}._extra_state"] = module.get_extra_state()
+
+
 def report_host_module(transformer: nn.Module, base: type) -> None:
     """The patched instance reports its diffusers class's module (``transformer.__module__``): a pipeline records
     ``(library, class)`` from it in ``model_index.json``, so that diffusers' own ``from_pretrained`` reloads a pipeline
     saved with a patched transformer (unpatched; ``vispos.diffusers.from_pretrained`` gives the patched one). Pickle
-    reads the class's own ``__module__``, which stays this module's."""
+    reads the class's own ``__module__``, which stays this module's. Also the pre-hook ``adopt_plain_checkpoint``."""
     transformer.__dict__["__module__"] = base.__module__
+    transformer._register_load_state_dict_pre_hook(adopt_plain_checkpoint, with_module=True)
 
 
 def set_rope(module: nn.Module, rope: nn.Module) -> None:
