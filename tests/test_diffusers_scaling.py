@@ -337,3 +337,27 @@ def test_the_dype_papers_yarn_baseline_is_exponent_zero() -> None:
     torch.testing.assert_close(at(0.1, **baseline), at(0.9, **baseline), rtol=0, atol=0)
     torch.testing.assert_close(at(0.3, **baseline), at(1.0, scaling="yarn", schedule="dype"), rtol=0, atol=0)
     assert not torch.allclose(at(0.3, **baseline), at(0.3, scaling="yarn", schedule=None))
+
+
+def test_angles_follow_diffusers_device_rule_for_their_dtype(monkeypatch: pytest.MonkeyPatch) -> None:
+    """float64 angles, float32 on MPS and NPU (no float64 there), as diffusers' rope functions choose: the whole
+    computation (positions, extent, noise level, scaled frequencies) in that dtype, close to the float64 result."""
+    from vispos.encodings import dype
+
+    assert dype.angle_dtype(torch.device("mps")) == torch.float32 == dype.angle_dtype("npu")
+    assert dype.angle_dtype("cpu") == torch.float64 == dype.angle_dtype(torch.device("cuda", 0))
+    model, _ = build("flux")
+    vispos.patch(model, "rope2d")
+    vispos.configure(model, scaling="yarn", schedule="dype", train_grid=(3, 3), log_n_attention=True)
+    rope = model.vispos.rotation
+    rope.sigma = torch.tensor(0.6, dtype=torch.float64)
+    ids = torch.cat((torch.zeros(2, 3), _flux_ids(6, 5, 3)))
+    wide = rope.pairs(ids)
+    assert wide[0].dtype == torch.float64
+    monkeypatch.setattr(dype, "angle_dtype", lambda device: torch.float32)  # the rule as it reads an MPS device
+    monkeypatch.setattr(vispos.diffusers.rotary, "angle_dtype", lambda device: torch.float32)
+    rope.sigma = rope.sigma.float()
+    narrow = rope.pairs(ids)
+    assert narrow[0].dtype == torch.float32 and narrow[1].dtype == torch.float32
+    torch.testing.assert_close(narrow[0], wide[0].float(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(narrow[1], wide[1].float(), rtol=1e-5, atol=1e-5)

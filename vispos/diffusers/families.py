@@ -28,6 +28,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..encodings.dype import angle_dtype
+
 
 @dataclass(frozen=True)
 class Family:
@@ -105,7 +107,7 @@ def noise_level(family: Family, timestep: object, *, single: bool = False) -> ob
     flat = timestep.reshape(-1)  # type: ignore[attr-defined]
     if single and flat.numel() > 1:
         torch._assert_async((flat == flat[0]).all(), MIXED_TIMESTEPS)
-    t = flat[0].double()
+    t = flat[0].to(angle_dtype(flat.device))  # float64, float32 on MPS and NPU
     if family.noise == "sigma":
         return t
     if family.noise == "one_minus":

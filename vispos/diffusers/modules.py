@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..encodings.dype import angle_dtype
 from ..host import PositionsHost, named_base
 from .families import FAMILIES, noise_level
 
@@ -144,7 +145,7 @@ class QwenRope(_RopeModule):
         rope = self.vispos_rope
         images = []
         for (_, h, w), image in zip(video_fhw, ids, strict=True):  # each image scaled by its own extent
-            extent = torch.tensor([h, w], dtype=torch.float64, device=device)
+            extent = torch.tensor([h, w], dtype=angle_dtype(device), device=device)
             angles, scale = rope.pairs(image, extent)
             images.append(torch.polar(scale.float().expand_as(angles), angles.float()))
         angles, scale = rope.pairs(text, scaled=False)  # text: the model's own frequencies, magnitude 1

@@ -20,7 +20,7 @@ from torch import nn
 
 from .._state import decode, encode
 from .._validate import check_grid
-from ..encodings.dype import SCHEDULED_TYPES, TENSOR_TYPES, TimestepSchedule, as_schedule, axis_inv_freq
+from ..encodings.dype import SCHEDULED_TYPES, TENSOR_TYPES, TimestepSchedule, angle_dtype, as_schedule, axis_inv_freq
 from ..encodings.rope import saved_scaling
 from ..encodings.rope_scaling import RopeScaling, as_scaling
 from ..registry import SchemeInfo
@@ -85,20 +85,22 @@ class AxisRope(nn.Module):
 
     def pairs(self, ids: torch.Tensor, extent: torch.Tensor | None = None, *,
               scaled: bool = True) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-        """ids [..., S, A] -> (angles [..., S, sum(axes_dim) / 2] float64, magnitude per pair [sum / 2] float64).
+        """ids [..., S, A] -> (angles [..., S, sum(axes_dim) / 2], magnitude per pair [sum / 2]), float64 (float32 on
+        MPS and NPU: ``angle_dtype``).
         ``extent`` [2]: the image grid (y, x) the scaling and log-n follow (default: the ids' own extent).
         ``scaled=False``: the model's own frequencies with magnitude 1 whatever is configured (Qwen-Image's text rows,
         as the DyPE authors' code keeps them)."""
+        dtype = angle_dtype(ids.device)  # float64, float32 on MPS and NPU (diffusers' rule)
         if not scaled:
-            pos = ids.double()
+            pos = ids.to(dtype)
             angles = [pos[..., axis, None] * axis_inv_freq(dim, self.theta, None, pos.new_ones(()))[0]
                       for axis, dim in enumerate(self.axes_dim)]  # fmt: skip
             return torch.cat(angles, dim=-1), pos.new_ones(sum(self.axes_dim) // 2)
         if extent is None:
             extent = self.extent if self.extent is not None else self.id_extent(ids)
-        extent = extent.to(device=ids.device, dtype=torch.float64)
-        pos = ids.double()
-        sigma = self.sigma if self.sigma is not None else torch.ones((), dtype=torch.float64)
+        extent = extent.to(device=ids.device, dtype=dtype)
+        pos = ids.to(dtype)
+        sigma = self.sigma if self.sigma is not None else torch.ones((), dtype=dtype)
         angles, magnitude = [], []
         for axis, (dim, scaling) in enumerate(zip(self.axes_dim, self.axis_scalings, strict=True)):
             size = extent[self.spatial.index(axis)] if axis in self.spatial else extent.new_ones(())
@@ -115,7 +117,7 @@ class AxisRope(nn.Module):
 
     def id_extent(self, ids: torch.Tensor) -> torch.Tensor:
         """The (y, x) extent of the ids, max - min + 1 per spatial axis (a tensor: nothing is read back)."""
-        spatial = ids[..., list(self.spatial)].reshape(-1, 2).double()
+        spatial = ids[..., list(self.spatial)].reshape(-1, 2).to(angle_dtype(ids.device))
         return spatial.amax(0) - spatial.amin(0) + 1
 
     def extra_repr(self) -> str:

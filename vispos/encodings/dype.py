@@ -3,8 +3,9 @@
 A diffusion transformer's grid size and denoising timestep arrive as tensors, so the scaling factor of each axis,
 s = max(1, L / L0) (L: the axis's extent now, L0: at training), is one too: nothing here reads a tensor back into
 Python, so a compiled model is neither split nor recompiled across sizes and timesteps. The formulas are those of
-``rope_scaling`` (whose ``yarn_ramp`` this module uses) for a tensor s; ``axis_inv_freq`` returns float64 inverse
-frequencies (diffusers' FLUX builds its angles in float64) and the attention factor that multiplies cos and sin.
+``rope_scaling`` (whose ``yarn_ramp`` this module uses) for a tensor s; ``axis_inv_freq`` returns inverse frequencies
+in s's dtype and the attention factor that multiplies cos and sin. That dtype is ``angle_dtype``'s, diffusers' device
+rule: float64 (diffusers' FLUX builds its angles in float64), float32 on MPS and NPU, which have no float64.
 
 - ``linear``: base / s. ``ntk``: theta' = theta s ** (d / (d - 2)). ``yarn``: YaRN's ramp between the pairs
   turning ``beta_fast`` and ``beta_slow`` times over L0 (``rope_scaling.yarn_ramp``), attention factor 0.1 ln s + 1.
@@ -81,14 +82,24 @@ def as_schedule(schedule: TimestepSchedule | str | dict[str, Any] | None) -> Tim
     raise TypeError(f"schedule must be None, 'dype', a dict or a TimestepSchedule; got {type(schedule).__name__}")
 
 
-def kappa(sigma: torch.Tensor, exponent: float) -> torch.Tensor:
+FLOAT32_DEVICES: tuple[str, ...] = ("mps", "npu")  # no float64 there: diffusers computes its angles in float32
+
+
+def angle_dtype(device: torch.device | str | None) -> torch.dtype:
+    """The dtype angles are computed in on ``device``: float64, float32 on MPS and NPU (diffusers' rule)."""
+    kind = "cpu" if device is None else device.split(":")[0] if isinstance(device, str) else device.type
+    return torch.float32 if kind in FLOAT32_DEVICES else torch.float64
+
+
+def kappa(sigma: torch.Tensor, exponent: float, dtype: torch.dtype = torch.float64) -> torch.Tensor:
     """DyPE's strength at noise level ``sigma`` (1: pure noise, 0: clean): sigma ** exponent, sigma within [0, 1]."""
-    return sigma.double().clamp(0.0, 1.0) ** exponent
+    return sigma.to(dtype).clamp(0.0, 1.0) ** exponent
 
 
-def base_inv_freq(dim: int, theta: float, device: torch.device | None = None) -> torch.Tensor:
-    """theta ** (-2i / dim), i < dim / 2, float64."""
-    return 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float64, device=device) / dim)
+def base_inv_freq(dim: int, theta: float, device: torch.device | None = None,
+                  dtype: torch.dtype = torch.float64) -> torch.Tensor:  # fmt: skip
+    """theta ** (-2i / dim), i < dim / 2, in ``dtype``."""
+    return 1.0 / theta ** (torch.arange(0, dim, 2, dtype=dtype, device=device) / dim)
 
 
 def correction_dim(rotations: torch.Tensor, dim: int, theta: float, original_length: float) -> torch.Tensor:
@@ -104,13 +115,13 @@ def band(dim: int, theta: float, original_length: float, fast: torch.Tensor, slo
     low = torch.floor(correction_dim(fast, dim, theta, original_length)).clamp(0, half)
     high = torch.ceil(correction_dim(slow, dim, theta, original_length)).clamp(0, half)
     high = torch.where(high == low, high + 0.001, high)
-    pairs = torch.arange(half, dtype=torch.float64, device=fast.device)
+    pairs = torch.arange(half, dtype=fast.dtype, device=fast.device)
     return 1.0 - ((pairs - low) / (high - low)).clamp(0, 1)
 
 
 def _ntk(base: torch.Tensor, dim: int, s: torch.Tensor, power: torch.Tensor | float) -> torch.Tensor:
     """theta' = theta s ** (power d / (d - 2)): base frequencies times s ** (-power d / (d - 2) 2i / d)."""
-    exponents = torch.arange(0, dim, 2, dtype=torch.float64, device=base.device) / dim
+    exponents = torch.arange(0, dim, 2, dtype=base.dtype, device=base.device) / dim
     return base * s ** (-(dim / (dim - 2)) * power * exponents)
 
 
@@ -129,16 +140,17 @@ def axis_inv_freq(
     schedule: TimestepSchedule | None = None,
     sigma: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One axis's inverse frequencies [dim // 2] (float64) and attention factor (0-dim) at factor ``s`` (a tensor:
-    max(1, L / L0), or the scaling's fixed ``factor``), with ``schedule`` at noise level ``sigma``.
-    ``scaling.original_length`` is L0, where YaRN counts rotations."""
-    base = base_inv_freq(dim, theta, s.device)
-    one = torch.ones((), dtype=torch.float64, device=s.device)
+    """One axis's inverse frequencies [dim // 2] and attention factor (0-dim) at factor ``s`` (a tensor: max(1,
+    L / L0), or the scaling's fixed ``factor``), with ``schedule`` at noise level ``sigma``, in ``angle_dtype`` of s's
+    device. ``scaling.original_length`` is L0, where YaRN counts rotations."""
+    dtype = angle_dtype(s.device)
+    base = base_inv_freq(dim, theta, s.device, dtype)
+    one = torch.ones((), dtype=dtype, device=s.device)
     if scaling is None:
         return base, one
-    s = (s.double() if scaling.factor is None else torch.full((), float(scaling.factor), dtype=torch.float64,
-                                                              device=s.device)).clamp(min=1.0)  # fmt: skip
-    k = None if schedule is None else kappa(sigma, schedule.exponent)  # type: ignore[arg-type]
+    s = (s.to(dtype) if scaling.factor is None else torch.full((), float(scaling.factor), dtype=dtype,
+                                                               device=s.device)).clamp(min=1.0)  # fmt: skip
+    k = None if schedule is None else kappa(sigma, schedule.exponent, dtype)  # type: ignore[arg-type]
     if scaling.type == "linear":
         inv, factor = base / s, one
     elif scaling.type == "ntk":
@@ -155,5 +167,5 @@ def axis_inv_freq(
         keep = band(dim, theta, length, g0 * k, g1 * k)
         inv, factor = inv * (1 - keep) + base * keep, 0.1 * torch.log(s) + 1.0
     if scaling.attention_factor is not None:
-        factor = torch.full((), float(scaling.attention_factor), dtype=torch.float64, device=s.device)
+        factor = torch.full((), float(scaling.attention_factor), dtype=dtype, device=s.device)
     return inv, factor

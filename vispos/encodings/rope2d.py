@@ -18,7 +18,7 @@ from .._state import decode, encode
 from .._validate import check_bool, check_choice, check_dim, check_float, check_grid, check_int
 from ..registry import register
 from .coords2d import AXES, COORDS, NORMALIZE, CoordAugment, frame_coords, grid_coords, normalized_denominators
-from .dype import SCHEDULED_TYPES, TimestepSchedule, as_schedule, axis_inv_freq
+from .dype import SCHEDULED_TYPES, TimestepSchedule, angle_dtype, as_schedule, axis_inv_freq
 from .rope import LAYOUTS, Rotary, expand_angles, rope_angles, saved_scaling
 from .rope_scaling import RopeScaling, as_scaling, check_scaling_dim, rope_inv_freq, scaled_inv_freq
 
@@ -227,7 +227,7 @@ class Rope2d(nn.Module):
                 "transformer's forward sets from its timestep; call the transformer, not its attention alone"
             )
         ratio = length / scaling.original_length if scaling.factor is None else float(scaling.factor)  # type: ignore[operator]
-        s = torch.tensor(ratio, dtype=torch.float64, device=self.sigma.device)
+        s = torch.tensor(ratio, dtype=angle_dtype(self.sigma.device), device=self.sigma.device)
         inv, _ = axis_inv_freq(self.dim // 2, self.theta, scaling, s, schedule=self.schedule, sigma=self.sigma)
         if scaling.attention_factor is not None:
             factor = float(scaling.attention_factor)
