@@ -258,3 +258,22 @@ def test_released_weights_load_strictly_into_a_patched_transformer(name: str) ->
     fresh = vispos.patch(build("dit")[0], "learned2d", inherit=False)
     with pytest.raises(RuntimeError, match=r"Missing key\(s\).*vispos\.additive"):  # the scheme's weights: not there
         fresh.load_state_dict(build("dit", seed=1)[0].state_dict())
+
+
+def test_from_pretrained_reports_no_vispos_record_as_unused(tmp_path, caplog) -> None:
+    """diffusers' "weights not used" warning is for weights nobody reads: the records vispos restores are left out."""
+    import logging
+
+    from vispos.diffusers import from_pretrained
+
+    model, _ = build("dit")
+    vispos.patch(model, "rope2d", inherit=False)
+    model.save_pretrained(tmp_path)
+    diffusers.utils.logging.enable_propagation()
+    try:
+        with caplog.at_level(logging.WARNING):
+            loaded = from_pretrained(tmp_path)
+    finally:
+        diffusers.utils.logging.disable_propagation()
+    assert "were not used" not in caplog.text
+    assert type(loaded).__bases__[-1] is diffusers.DiTTransformer2DModel  # not the loading subclass

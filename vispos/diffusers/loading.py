@@ -32,7 +32,8 @@ def from_pretrained(path: str | os.PathLike, *, subfolder: str | None = None, **
         name = json.load(file).get("_class_name")
     if name not in FAMILIES:
         raise TypeError(f"{folder} holds a diffusers {name}; vispos patches {supported()}")
-    model = getattr(diffusers, name).from_pretrained(folder, **kwargs)
+    model = _loading(getattr(diffusers, name)).from_pretrained(folder, **kwargs)
+    model.__class__ = getattr(diffusers, name)  # the loading subclass only told diffusers which keys are vispos's
     records = saved_records(folder)
     settings = decode(records["_extra_state"])["settings"] if "_extra_state" in records else None
     if settings is not None and "inherited" not in settings:  # a catalogue scheme in place of the model's positions
@@ -61,3 +62,11 @@ def saved_records(folder: str) -> dict[str, torch.Tensor]:
         weights = torch.load(os.path.join(folder, file), map_location="cpu", weights_only=True)
         records |= {k[len(PREFIX) :]: v for k, v in weights.items() if k.startswith(PREFIX)}
     return records
+
+
+def _loading(cls: type) -> type:
+    """``cls`` for diffusers' loader, told that the ``vispos.*`` records are restored here (no "weights not used"
+    warning for them; any other unused weight is still reported)."""
+    ignored = [*(cls._keys_to_ignore_on_load_unexpected or []), r"^vispos\."]
+    return type(cls.__name__, (cls,), {"_keys_to_ignore_on_load_unexpected": ignored, "__module__": cls.__module__,
+                                       "__qualname__": cls.__qualname__})  # fmt: skip
