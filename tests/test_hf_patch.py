@@ -292,7 +292,7 @@ def test_save_pretrained_and_from_pretrained_round_trip(tmp_path) -> None:
     assert loaded.vispos.log_n_tokens == model.vispos.log_n_tokens == 16
     for h, w in SIZES:
         x = torch.randn(1, 3, h, w)
-        torch.testing.assert_close(run(loaded, x), run(model, x), rtol=0, atol=0)
+        torch.testing.assert_close(run(loaded, x), run(model, x), rtol=1e-5, atol=1e-6)
     other = vispos.patch(make("dinov3"), "relbias2d", inherit=False)
     with pytest.raises(ValueError, match="positions are"):
         other.load_state_dict(model.state_dict())

@@ -59,7 +59,7 @@ def test_every_scheme_runs_offloaded_as_in_memory(pos, how, tmp_path) -> None:
     else:
         model = disk_offload(model, str(tmp_path / "offload"), execution_device="cpu")
     assert all(p.is_meta for p in model.vispos.parameters())  # brought in by each module's call only
-    torch.testing.assert_close(out(model, x), expected, rtol=0, atol=0)
+    torch.testing.assert_close(out(model, x), expected, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("pos", WEIGHTED)
@@ -68,7 +68,7 @@ def test_every_trained_scheme_on_a_transformers_model_runs_offloaded_as_in_memor
     x = torch.randn(1, 3, 32, 40)
     expected = out(model, x)
     model = cpu_offload(model, execution_device="cpu")
-    torch.testing.assert_close(out(model, x), expected, rtol=0, atol=0)
+    torch.testing.assert_close(out(model, x), expected, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("pos", WEIGHTED)
@@ -84,4 +84,4 @@ def test_every_trained_scheme_loads_with_its_positions_on_disk(pos, tmp_path) ->
     device_map = {p: "cpu" for p in parts} | {"blocks.0": "cpu", "blocks.1": "disk", "vispos": "disk"}
     model = load_checkpoint_and_dispatch(model, path, device_map=device_map, offload_folder=str(tmp_path / "off"))
     x = torch.randn(1, 3, 32, 40)
-    torch.testing.assert_close(out(model.eval(), x), out(ref, x), rtol=0, atol=0)
+    torch.testing.assert_close(out(model.eval(), x), out(ref, x), rtol=1e-5, atol=1e-6)

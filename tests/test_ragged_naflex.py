@@ -138,7 +138,7 @@ def test_a_patched_naflexvit_pickles_and_its_weights_load_into_a_fresh_one() -> 
     x = naflex_samples()[0][0][None]
     with torch.no_grad():
         expected = net(x)
-        torch.testing.assert_close(fresh(x), expected, rtol=0, atol=0)
+        torch.testing.assert_close(fresh(x), expected, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(pickle.loads(pickle.dumps(net))(x), expected, rtol=0, atol=0)
 
 

@@ -126,7 +126,7 @@ def test_older_records_still_load() -> None:
     state["vispos._extra_state"] = {"settings": dict(model.vispos.settings), "enabled": True, "log_n_tokens": None}
     legacy.load_state_dict(state)
     with torch.no_grad():
-        torch.testing.assert_close(legacy(images()), fresh(images()), rtol=0, atol=0)
+        torch.testing.assert_close(legacy(images()), fresh(images()), rtol=1e-5, atol=1e-6)
 
 
 def test_a_record_that_would_not_fit_is_refused_naming_the_limit() -> None:
