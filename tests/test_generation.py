@@ -131,3 +131,19 @@ def test_an_interrupted_training_resumes_to_the_same_weights(tmp_path) -> None:
     assert said[0].startswith("[rope2d] resumed at step 2 of 8")
     for (name, a), b in zip(whole.model.state_dict().items(), resumed.model.state_dict().values(), strict=True):
         torch.testing.assert_close(b, a, rtol=0, atol=0, msg=name)
+
+
+@pytest.mark.slow
+def test_two_processes_train_sample_and_report(tmp_path) -> None:
+    """Under torchrun (two gloo processes, DDP) the run trains every entry, one process samples and scores, and the
+    report holds every entry at every size."""
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "-m", "train", "--config", QUICK,
+               f"out_dir={tmp_path}", *TINY, "--quiet"]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert list(results["schemes"]) == ["dit", "rope2d", "rope2d+yarn+dype"]
+    assert all(set(e["scores"]["0"]) == {"14", "28", "42"} for e in results["schemes"].values())

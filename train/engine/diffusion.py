@@ -8,7 +8,9 @@ trained by flow matching on diffusers' ``FlowMatchEulerDiscreteScheduler`` and s
   timestep sigma x 1000 and the class, its output regressed on noise - x_0 (MSE). AdamW, warm-up + cosine, gradient
   clipping, optional EMA (``train`` section). Every draw (data order, noise, timesteps) comes from (seed, epoch,
   step) alone, and ``checkpoint.pt`` (atomic) holds the optimiser, schedule, EMA and position, so a killed run
-  resumes where it stopped and ends with the weights of an uninterrupted one.
+  resumes where it stopped and ends with the weights of an uninterrupted one. Under torchrun (DDP) each process
+  trains on its share of every batch, drawing that share's noise and DiT's class dropout from the same keys: the
+  single-process run in distribution, not bit for bit; one process samples and scores.
 - ``sample``: class-conditional images from pure noise in ``steps`` Euler steps at any size (optionally with
   classifier-free guidance against DiT's null class), each batch's noise drawn from (seed, size, batch).
 """

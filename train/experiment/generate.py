@@ -34,7 +34,7 @@ from ..engine.checkpoint import FORMAT, atomic_save, load
 from ..engine.diffusion import build_dit, fingerprint, sample, train_dit
 from ..evaluation.generation_report import combine, write_report
 from ..evaluation.scores import ScorerNet, resample, score_images, train_scorer
-from ..runtime.process import Runtime, setup, teardown
+from ..runtime.process import Runtime, main_first, setup, teardown
 from .run import _say, scheme_folder
 
 Log = Callable[[str], None]
@@ -90,7 +90,8 @@ class GenerationRun:
         half = len(self.test) // 2
         n_ref = min(cfg.scores.reference_images, half)
         self.first, self.second = slice(0, min(cfg.sample.images, half)), slice(half, half + n_ref)
-        self.scorer = get_scorer(cfg, say)
+        with main_first(rt):  # trained (or read) by one process, then read by the others
+            self.scorer = get_scorer(cfg, say)
         self.reference = {size: resample(self.test[self.second], size) for size in cfg.sizes}
 
     def floors(self) -> dict[str, dict[str, float]]:
@@ -105,8 +106,10 @@ class GenerationRun:
 
     def run(self, command: str | None) -> dict[str, Any]:
         cfg, run_dir = self.cfg, self.cfg.run_dir
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+        with main_first(self.rt):
+            run_dir.mkdir(parents=True, exist_ok=True)
+        if self.rt.is_main:
+            (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
         self.say(f"{cfg.name} (seed {cfg.seed}): {len(self.labels)} training images at {cfg.data.img_size} px, "
                  f"samples at {cfg.sizes} px, {sum(s.trains for s in cfg.schemes)} entries to train, run folder "
                  f"{run_dir}")  # fmt: skip
@@ -135,7 +138,9 @@ class GenerationRun:
             trained = train_dit(self.cfg, base, self.images, self.labels, self.num_classes, self.rt, folder, self.say)
             summary = {"fingerprint": fingerprint(self.cfg, base), "seconds": round(trained.seconds, 1),
                        "loss": trained.loss}
-            _write_json(folder / "summary.json", summary)
+            if self.rt.is_main:
+                _write_json(folder / "summary.json", summary)
+            self.rt.barrier()
             models[name] = trained.model
         return models[name]
 
@@ -147,9 +152,13 @@ class GenerationRun:
         cached = _cached(folder / "scores.json", fp) if cfg.resume else None
         base_folder = scheme_folder(cfg.run_dir, entry.base or entry.name)
         if cached is None:
-            model = self._trained(entry, models)
-            scores = self.sample_and_score(entry, model, folder)
-            _write_json(folder / "scores.json", {"fingerprint": fp, "scores": scores})
+            model = self._trained(entry, models)  # under torchrun: every process trains (DDP)
+            if self.rt.is_main:  # one process samples and scores; the others read its scores
+                scores = self.sample_and_score(entry, model, folder)
+                _write_json(folder / "scores.json", {"fingerprint": fp, "scores": scores})
+            self.rt.barrier()
+            if not self.rt.is_main:
+                scores = json.loads((folder / "scores.json").read_text())["scores"]
         else:
             scores = cached["scores"]
         summary_path = base_folder / "summary.json"
