@@ -20,8 +20,11 @@ rule: float64 (diffusers' FLUX builds its angles in float64), float32 on MPS and
     take NTK frequencies, fewer than beta_1 kappa (0.75) linear ones, a ramp between; then pairs turning more
     than gamma_0 kappa (16) keep the model's own frequencies, fewer than gamma_1 kappa (2) keep the first blend, a
     ramp between. Attention factor 0.1 ln s + 1 at every step. Ramp ends as ``yarn_ramp`` takes them (floor /
-    ceil to whole pairs), clamped into [0, d / 2]: at kappa = 0 every pair keeps the model's frequency (the
-    released code divides by zero there).
+    ceil to whole pairs), both clamped into [0, d / 2], so that as kappa falls to 0 every pair returns to the
+    model's frequency, as the paper states. Here vispos departs from the released code, which clamps only the upper
+    end: once a band's lower end passes d / 2 (for FLUX's axes of 56, theta 1e4 and 64 training patches, below sigma
+    of about 0.03 for the first band and 0.008 for the second) its ramp runs backwards and gives the linear
+    frequencies, and at kappa = 0 it divides by zero.
   - ``linear``: the paper and the code define no schedule for it: refused.
 """
 
