@@ -361,3 +361,17 @@ def test_angles_follow_diffusers_device_rule_for_their_dtype(monkeypatch: pytest
     assert narrow[0].dtype == torch.float32 and narrow[1].dtype == torch.float32
     torch.testing.assert_close(narrow[0], wide[0].float(), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(narrow[1], wide[1].float(), rtol=1e-5, atol=1e-5)
+
+
+def test_dype_refuses_a_timestep_on_another_scale() -> None:
+    """FLUX reads its timestep as sigma in [0, 1]: a timestep of 500 (another family's scale) would be clamped to
+    sigma 1 silently under DyPE; it is refused instead. An empty batch runs."""
+    model, inputs = build("flux")
+    vispos.patch(model, "rope2d")
+    vispos.configure(model, scaling="yarn", schedule="dype", train_grid=(3, 3))
+    with pytest.raises(RuntimeError, match=r"reads its timestep as sigma itself, in \[0, 1\]"):
+        run(model, inputs(4, 4, 500.0))
+    run(model, inputs(4, 4, 1.0))
+    from vispos.diffusers.families import FAMILIES, noise_level
+
+    assert noise_level(FAMILIES["FluxTransformer2DModel"], torch.zeros(0), single=True) is None

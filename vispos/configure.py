@@ -56,7 +56,8 @@ def configure(
     unless ``factor=`` is given; 1D RoPE needs ``original_length=`` (the training length) for methods
     that derive the factor from the length. A diffusers transformer (``vispos.diffusers``) takes ``linear``,
     ``ntk`` and ``yarn`` per image axis, and ``schedule="dype"``: the scaling's strength follows the denoising
-    timestep its forward receives (DyPE; docs/diffusers.md). ``log_n_attention`` (2D): True multiplies every logit by
+    timestep its forward receives (DyPE; docs/diffusers.md), for its own RoPE and for a rope2d put in a DiT or PixArt
+    with ``inherit=False``. ``log_n_attention`` (2D): True multiplies every logit by
     max(1, ln N / ln N_train) for N = H x W patches of the image's grid (of a token subset's full image
     too: patch dropout and MAE keep the scale of their image); works with any scheme.
 

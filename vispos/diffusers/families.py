@@ -91,6 +91,8 @@ def find_transformer(model: object) -> tuple[nn.Module, Family]:
     return target, family
 
 
+NOISE_READING = {"sigma": "sigma itself, in [0, 1]", "one_minus": "1 - sigma, in [0, 1]",
+                 "thousandths": "1000 sigma, in [0, 1000]"}  # fmt: skip
 MIXED_TIMESTEPS = (
     "DyPE's schedule takes one noise level per forward and this batch mixes timesteps (per-sample strength, "
     "training on random timesteps): call the transformer once per timestep, or switch the schedule off "
@@ -105,11 +107,19 @@ def noise_level(family: Family, timestep: object, *, single: bool = False) -> ob
     of other timesteps is refused (``torch._assert_async``: raised on the CPU, a device-side assert on a GPU, no
     synchronisation)."""
     flat = timestep.reshape(-1)  # type: ignore[attr-defined]
+    if flat.numel() == 0:
+        return None  # an empty batch: nothing to schedule
     if single and flat.numel() > 1:
         torch._assert_async((flat == flat[0]).all(), MIXED_TIMESTEPS)
     t = flat[0].to(angle_dtype(flat.device))  # float64, float32 on MPS and NPU
     if family.noise == "sigma":
-        return t
-    if family.noise == "one_minus":
-        return 1.0 - t
-    return t / 1000.0
+        sigma = t
+    elif family.noise == "one_minus":
+        sigma = 1.0 - t
+    else:
+        sigma = t / 1000.0
+    if single:  # a timestep on another scale (FLUX given 500 for sigma 0.5) would be clamped silently: refused
+        within = (sigma >= -1e-6) & (sigma <= 1.0 + 1e-6)
+        torch._assert_async(within, f"{family.name} reads its timestep as {NOISE_READING[family.noise]}; this one "
+                                    "falls outside [0, 1] as a noise level (DyPE's schedule on)")  # fmt: skip
+    return sigma
