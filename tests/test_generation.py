@@ -77,8 +77,8 @@ def test_config_checks_name_the_problem() -> None:
             load_config(QUICK, [override])
     jobs = parallel_jobs("configs/fmnist_dit.yaml", [], cfg)
     rope = next(args for label, args in jobs if label == "seed 0 rope2d")
-    assert rope[rope.index("--entries") + 1 :] == ["rope2d", "rope2d+linear", "rope2d+ntk", "rope2d+yarn",
-                                                   "rope2d+ntk+dype", "rope2d+yarn+dype", "rope2d+logn"]  # fmt: skip
+    assert rope[rope.index("--entries") + 1 :] == ["rope2d", "rope2d+yarn+dype", "rope2d+yarn", "rope2d+ntk+dype",
+                                                   "rope2d+ntk", "rope2d+linear", "rope2d+logn"]  # fmt: skip
 
 
 def test_the_quick_config_runs_end_to_end_and_resumes(tmp_path, capsys) -> None:
