@@ -104,6 +104,12 @@ def test_the_quick_config_runs_end_to_end_and_resumes(tmp_path, capsys) -> None:
     assert checkpoint.stat().st_mtime_ns == stamp
     assert "step" not in capsys.readouterr().out
     assert json.loads((tmp_path / "results.json").read_text())["schemes"] == results["schemes"]
+    from train.generation_status import main as status
+
+    capsys.readouterr()
+    assert status(["--config", QUICK, f"out_dir={tmp_path}", *TINY]) == 0
+    table = capsys.readouterr().out
+    assert "| `rope2d+yarn+dype` | scored |" in table and "3 of 3 entries scored" in table
 
 
 def test_an_interrupted_training_resumes_to_the_same_weights(tmp_path) -> None:
