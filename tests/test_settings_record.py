@@ -203,3 +203,16 @@ def test_a_record_set_by_item_loads_and_one_set_as_an_attribute_is_left() -> Non
         positions._buffers["_extra_state"] = garbage  # the tensor a setattr gave before: loaded all the same
     positions._buffers["_extra_state"] = make("rope2d").vispos.get_extra_state()
     assert positions.settings == before
+
+
+def test_storing_a_record_by_item_after_registering_the_same_tensor_loads_it() -> None:
+    """Registering a tensor as the record (setattr, register_buffer) is not a load; storing one by item is, even the
+    very tensor registered before (the slot forgets what was being registered once it is stored)."""
+    model = make("rope2d")
+    donor = make("rope2d")
+    vispos.configure(donor, scaling="yarn")
+    record = donor.vispos.get_extra_state()
+    model.vispos._extra_state = record  # transformers' loader does this: no load
+    assert model.vispos_cfg.get("scaling") is None
+    model.vispos._buffers["_extra_state"] = record  # accelerate's loader does this: a load
+    assert model.vispos_cfg["scaling"] == {"scaling": "yarn"}
