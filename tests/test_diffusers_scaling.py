@@ -375,3 +375,21 @@ def test_dype_refuses_a_timestep_on_another_scale() -> None:
     from vispos.diffusers.families import FAMILIES, noise_level
 
     assert noise_level(FAMILIES["FluxTransformer2DModel"], torch.zeros(0), single=True) is None
+
+
+def test_without_a_timestep_dype_takes_its_full_strength() -> None:
+    """The positional module called with no noise level of a forward (outside the transformer's forward, or a
+    forward given no timestep) takes DyPE at sigma 1, the full scaling, not sigma 0 (none)."""
+    model = vispos.patch(wide_flux(), "rope2d")
+    vispos.configure(model, scaling="yarn", schedule="dype", train_grid=(32, 32))
+    rope = model.vispos.rotation
+    ids = torch.cat((torch.zeros(2, 3), _flux_ids(64, 64, 3)))
+    assert rope.sigma is None
+    unset = model.pos_embed(ids)[0]
+    rope.sigma = torch.tensor(1.0, dtype=torch.float64)
+    full = model.pos_embed(ids)[0]
+    rope.sigma = torch.tensor(0.0, dtype=torch.float64)
+    none = model.pos_embed(ids)[0]
+    rope.sigma = None
+    torch.testing.assert_close(unset, full, rtol=0, atol=0)
+    assert not torch.allclose(unset, none)
