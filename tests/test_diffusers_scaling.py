@@ -393,3 +393,16 @@ def test_without_a_timestep_dype_takes_its_full_strength() -> None:
     rope.sigma = None
     torch.testing.assert_close(unset, full, rtol=0, atol=0)
     assert not torch.allclose(unset, none)
+
+
+def test_a_training_grid_in_pixels_is_refused() -> None:
+    """train_grid counts latent tokens: (1024, 1024) on FLUX (16 px per token) is a size in pixels, refused."""
+    model, _ = build("flux")
+    vispos.patch(model, "rope2d")
+    with pytest.raises(ValueError, match=r"counts latent tokens, not pixels.*train_grid=\(64, 64\)"):
+        vispos.configure(model, scaling="yarn", train_grid=(1024, 1024))
+    assert model.vispos.rotation.scaling is None and model.vispos.rotation.train_grid == (64, 64)  # nothing set
+    with pytest.raises(ValueError, match="counts latent tokens"):
+        vispos.configure(model, train_grid=(1024, 1024))
+    assert "configured_train_grid" not in model.vispos_cfg
+    vispos.configure(model, scaling="yarn", train_grid=(128, 96))  # 2048 x 1536 px: a grid some model trains at

@@ -107,12 +107,20 @@ def configure(
         for pos in positions:  # each patched model records its settings (saved with its weights)
             pos.settings["scaling"] = None if scaling is None else plain({"scaling": scaling, **scaling_options})
     for pos in positions:
+        before = pos.settings.get("configured_train_grid")
         if grid is not None:
             pos.settings["configured_train_grid"] = list(grid)
         if log_n_attention is not None:
             pos.log_n_tokens = math.prod(grid or pos.scaling_grid) if log_n_attention else None
             pos.settings["log_n_attention"] = log_n_attention
-        pos.follow_scaling_grid()  # every size-relative setting on the one training grid
+        try:
+            pos.follow_scaling_grid()  # every size-relative setting on the one training grid
+        except ValueError:  # a grid a scheme refuses: the model keeps the one it had
+            if before is None:
+                pos.settings.pop("configured_train_grid", None)
+            else:
+                pos.settings["configured_train_grid"] = before
+            raise
     if attention is not None:
         for pos in positions:
             pos.settings["attention"] = attention  # read back as Positions.attention_backend

@@ -39,6 +39,7 @@ class AxisRope(nn.Module):
         self.source = source
         self.scaling: RopeScaling | None = None
         self.schedule: TimestepSchedule | None = None
+        self.released_grid = check_grid(train_grid, "train_grid")  # the family's checkpoints' (tokens)
         self.set_train_grid(train_grid)
         self.sigma: torch.Tensor | None = None  # the noise level of the forward in progress (set by the transformer)
         self.extent: torch.Tensor | None = None  # its image grid (y, x), where the ids alone do not say it (FLUX.2)
@@ -50,7 +51,7 @@ class AxisRope(nn.Module):
         ``schedule="dype"`` makes its strength follow the denoising timestep (ntk and yarn). None: off."""
         if "original_length" in options:
             raise ValueError("the training size of each axis comes from train_grid=(H, W), not original_length")
-        grid = self.train_grid if train_grid is None else check_grid(train_grid, "train_grid")
+        grid = self.train_grid if train_grid is None else self.token_grid(train_grid)
         read = as_scaling(scaling, original_length=grid[0], **options)
         plan = as_schedule(schedule)
         if read is not None and read.type not in TENSOR_TYPES:
@@ -62,9 +63,22 @@ class AxisRope(nn.Module):
         self.scaling, self.schedule = read, plan
         self.set_train_grid(grid)
 
+    def token_grid(self, train_grid: tuple[int, int]) -> tuple[int, int]:
+        """``train_grid`` checked as a grid of latent tokens: one more than 8 times the family's released checkpoints'
+        on a side (FLUX: 64 x 64 tokens at 1024 px) is a size in pixels given for tokens, refused."""
+        grid = check_grid(train_grid, "train_grid")
+        if max(grid) > 8 * max(self.released_grid):
+            h, w = self.released_grid
+            raise ValueError(
+                f"train_grid={grid} counts latent tokens, not pixels: this transformer's released checkpoints train "
+                f"at {h} x {w} tokens (FLUX: 64 x 64 at 1024 px, 16 px per token); give the training grid in tokens, "
+                f"e.g. train_grid=({grid[0] // 16}, {grid[1] // 16}) for {grid[0]} x {grid[1]} px"
+            )
+        return grid
+
     def set_train_grid(self, train_grid: tuple[int, int]) -> None:
         """Make the scaling relative to ``train_grid``: each scaled axis's original length is its size there."""
-        self.train_grid = check_grid(train_grid, "train_grid")
+        self.train_grid = self.token_grid(train_grid)
         self.axis_scalings = tuple(  # made here, not in forward: a compiled forward builds no dataclass
             None if self.scaling is None or axis not in self.spatial
             else replace(self.scaling, original_length=self.train_grid[self.spatial.index(axis)])
