@@ -97,6 +97,8 @@ BAD: dict[str, list[object]] = {
     "split": SEQUENCE,
     "train_size": SEQUENCE,
     "scale_axes": SEQUENCE,
+    "riflex": [(0, 50), (4,), (5, 50), (1, 0), (1.5, 50), "ab", 4.0],  # (k, N_k); k within the time axis's pairs
+    "riflex_finetuned": FLAG,
     "fields": ["bogus", "corners-bogus", "center", "", 1, None],
     "layer_slopes": [(1.0,), (1.0, -1.0), (NAN, 1.0), "ab", 1.0, None],
     "head_slopes": [(0.5,), (0.5, -1.0), (0.5, NAN), "ab", 1.0],  # None: the released slopes

@@ -33,8 +33,9 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from .._validate import check_choice, check_dim, check_float, check_int, check_ints, check_positions
+from .._validate import check_bool, check_choice, check_dim, check_float, check_int, check_ints, check_positions
 from ..registry import register
+from .riflex import riflex_inv_freq
 from .rope import LAYOUTS, Rotary, expand_angles, rope_angles
 from .rope_scaling import RopeScaling, as_scaling, check_scaling_dim, scaled_inv_freq
 
@@ -102,7 +103,7 @@ def expand_sections(angles: torch.Tensor, split: Sequence[int], layout: str) -> 
 @register("ropend", ndim=1, kind="rotary", trainable=False, relative=True, context=("dim",), position_axes=3,
     summary="N-D axial RoPE (video t, h, w; volumes): a contiguous channel section per axis, presets vjepa2, wan, "
     "hunyuanvideo as their code (layout vjepa2_released: V-JEPA 2's released pairing, for its weights)",
-    extrapolation="unseen angles beyond training lengths; RoPE scaling per axis (scale_axes)",
+    extrapolation="unseen angles beyond training lengths; RoPE scaling per axis (scale_axes); RIFLEx in time",
     reference="V-JEPA 2 (Assran et al. 2025); Wan 2.1 (2025); HunyuanVideo (Kong et al. 2024)")
 class RopeNd(nn.Module):
     """Axial RoPE on A axes: ``forward`` takes positions [A, N] / [A, B, N] (integer ids, or any real
@@ -113,7 +114,9 @@ class RopeNd(nn.Module):
     ``split``). ``layout``: ``half``, ``interleaved`` (inside each section) or ``vjepa2_released``
     (V-JEPA 2's released code, for its weights; not exactly relative). ``scaling`` with
     ``train_size`` (training length per axis) applies RoPE scaling to each axis with its own factor;
-    ``scale_axes`` limits it to some axes (e.g. ``(0,)``: time only, for longer clips).
+    ``scale_axes`` limits it to some axes (e.g. ``(0,)``: time only, for longer clips). ``riflex=(k, N_k)``:
+    RIFLEx on the first (time) axis (``riflex.py``): its intrinsic component k turns at 0.9 x 2 pi / T over T frames
+    where T exceeds its period N_k (always with ``riflex_finetuned``); ``riflex.intrinsic_frequency`` finds k.
     """
 
     def __init__(
@@ -127,6 +130,8 @@ class RopeNd(nn.Module):
         scaling: RopeScaling | dict | str | None = None,
         train_size: Sequence[int] | None = None,
         scale_axes: Sequence[int] | None = None,
+        riflex: Sequence[int] | None = None,
+        riflex_finetuned: bool = False,
     ) -> None:
         super().__init__()
         self.dim = check_dim(dim, 2, "ropend")
@@ -145,6 +150,11 @@ class RopeNd(nn.Module):
         self.train_size: tuple[int, ...] | None = None
         self.scalings: tuple[RopeScaling | None, ...] = (None,) * axes
         self.set_scaling(scaling, train_size=train_size)
+        self.riflex = None if riflex is None else check_ints("riflex", riflex, minimum=1)
+        if self.riflex is not None and (len(self.riflex) != 2 or self.riflex[0] > self.split[0] // 2):
+            raise ValueError(f"riflex is (k, N_k): the time axis's intrinsic component (1 to {self.split[0] // 2}) "
+                             f"and its period in frames; got {riflex}")  # fmt: skip
+        self.riflex_finetuned = check_bool("riflex_finetuned", riflex_finetuned)
 
     @property
     def num_axes(self) -> int:
@@ -175,8 +185,10 @@ class RopeNd(nn.Module):
         """One inverse-frequency vector [split[a] / 2] per axis at these lengths, and the attention factor
         (geometric mean of the axes')."""
         freqs, factors = [], []
-        for channels, scaling, length in zip(self.split, self.scalings, lengths, strict=True):
+        for axis, (channels, scaling, length) in enumerate(zip(self.split, self.scalings, lengths, strict=True)):
             inv, att = scaled_inv_freq(channels, self.theta, scaling, length)
+            if axis == 0 and self.riflex is not None:  # RIFLEx: the time axis only, its frequency before positions
+                inv = riflex_inv_freq(inv, *self.riflex, length, finetuned=self.riflex_finetuned)
             freqs.append(inv)
             factors.append(att)
         return freqs, math.prod(factors) ** (1 / len(factors))
@@ -209,4 +221,5 @@ class RopeNd(nn.Module):
     def extra_repr(self) -> str:
         used = [s.type for s in self.scalings if s is not None]
         scaled = f", scaling={used[0]!r}, scale_axes={self.scale_axes}" if used else ""
-        return f"dim={self.dim}, split={self.split}, theta={self.theta}, layout={self.layout!r}" + scaled
+        riflex = "" if self.riflex is None else f", riflex={self.riflex}" + (" (fine-tuned)" * self.riflex_finetuned)
+        return f"dim={self.dim}, split={self.split}, theta={self.theta}, layout={self.layout!r}" + scaled + riflex
