@@ -18,8 +18,9 @@ def hunyuan(**options: object) -> torch.nn.Module:
     return vispos.create_encoding("ropend", ndim=1, dim=128, preset="hunyuanvideo", **options)
 
 
-def angles(rope: torch.nn.Module, frames: int, height: int = 3, width: int = 4) -> torch.Tensor:
-    """Angles [T, H, W, pairs] of every pair (interleaved layout: channel 2i's cos), recovered from the rotation."""
+def angles(rope: torch.nn.Module, frames: int, height: int = 2, width: int = 60) -> torch.Tensor:
+    """Angles [T, H, W, pairs] of every pair (interleaved layout: channel 2i's cos), recovered from the rotation; the
+    width (60) beyond N_k too, so that RIFLEx on a spatial axis would show."""
     t, h, w = torch.meshgrid(torch.arange(frames), torch.arange(height), torch.arange(width), indexing="ij")
     ids = torch.stack((t, h, w)).reshape(3, -1)
     rotary = rope(ids)
