@@ -59,6 +59,13 @@ class RunConfig:
     def run_dir(self) -> Path:
         return Path(self.out_dir) if self.out_dir else Path("runs") / self.name
 
+    def scheme(self, name: str) -> Any:
+        """The entry named ``name`` (of the subclass's entry type)."""
+        for s in self.schemes:
+            if s.name == name:
+                return s
+        raise ConfigError(f"no scheme named {name!r}; schemes: {', '.join(s.name for s in self.schemes)}")
+
 
 def expand_shorthand(text: str, where: str, words: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     """The mapping a shorthand string stands for. ``words`` maps each tool-specific suffix to the fields

@@ -90,12 +90,6 @@ class GenerationConfig(RunConfig):
     sample: SampleConfig = field(default_factory=SampleConfig)
     scores: ScoreConfig = field(default_factory=ScoreConfig)
 
-    def scheme(self, name: str) -> GenSchemeConfig:
-        for s in self.schemes:
-            if s.name == name:
-                return s
-        raise ConfigError(f"no scheme named {name!r}; schemes: {', '.join(s.name for s in self.schemes)}")
-
     @property
     def sizes(self) -> list[int]:
         return [self.data.img_size * s for s in self.sample.scales]

@@ -18,7 +18,7 @@ import vispos
 
 from . import schema
 from .entries import RunConfig, SchemeEntry, expand_shorthand
-from .schema import ConfigError
+from .schema import ConfigError  # noqa: F401  (re-exported: the trainer and its tests import it from here)
 
 PROTOCOLS: tuple[str, ...] = ("resize", "canvas", "zoom")  # zoom: generated datasets only (grid tasks)
 DEFAULT_PROTOCOLS: tuple[str, ...] = ("resize", "canvas")
@@ -194,12 +194,6 @@ class ExperimentConfig(RunConfig):
     eval: EvalConfig = field(default_factory=EvalConfig)
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
-
-    def scheme(self, name: str) -> SchemeConfig:
-        for s in self.schemes:
-            if s.name == name:
-                return s
-        raise ConfigError(f"no scheme named {name!r}; schemes: {', '.join(s.name for s in self.schemes)}")
 
 
 # ----------------------------------------------------------------------------------------------------

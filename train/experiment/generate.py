@@ -35,7 +35,7 @@ from ..engine.diffusion import build_dit, fingerprint, sample, train_dit
 from ..evaluation.generation_report import combine, write_report
 from ..evaluation.scores import ScorerNet, resample, score_images, train_scorer
 from ..runtime.process import Runtime, main_first, setup, teardown
-from .run import _say, scheme_folder
+from .run import _cached, _say, scheme_folder
 
 Log = Callable[[str], None]
 SCORER = "scorer.pt"
@@ -239,16 +239,6 @@ def preflight(cfg: GenerationConfig) -> None:
                                      **setting.scaling_options)  # fmt: skip
             except (ValueError, TypeError) as err:
                 raise ConfigError(f"schemes[{setting.name}]: {err}") from None
-
-
-def _cached(path: Path, fp: dict[str, Any]) -> dict[str, Any] | None:
-    if not path.is_file():
-        return None
-    try:
-        saved = json.loads(path.read_text())
-    except json.JSONDecodeError:
-        return None
-    return saved if saved.get("fingerprint") == json.loads(json.dumps(fp)) else None
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:

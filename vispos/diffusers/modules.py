@@ -26,6 +26,7 @@ from torch import nn
 
 from ..encodings.dype import angle_dtype
 from ..host import PositionsHost, named_base
+from ..positions import own_records
 from .families import FAMILIES, noise_level
 
 _PREFIX = "_vispos["
@@ -158,16 +159,22 @@ class LuminaRope(_RopeModule):
         return torch.polar(scale.expand_as(angles), angles)
 
 
+def patch_tokens(embed: nn.Module, latent: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
+    """diffusers' ``PatchEmbed.forward`` up to its table: the projected (flattened, normed) tokens and their grid."""
+    grid = (latent.shape[-2] // embed.patch_size, latent.shape[-1] // embed.patch_size)
+    latent = embed.proj(latent)
+    if embed.flatten:
+        latent = latent.flatten(2).transpose(1, 2)  # BCHW -> BNC
+    if embed.layer_norm:
+        latent = embed.norm(latent)
+    return latent, grid
+
+
 class PatchedPatchEmbed:
     """diffusers' ``PatchEmbed.forward`` with the table from ``sincos.SinCosTable``."""
 
     def forward(self, latent: torch.Tensor) -> torch.Tensor:
-        grid = (latent.shape[-2] // self.patch_size, latent.shape[-1] // self.patch_size)
-        latent = self.proj(latent)
-        if self.flatten:
-            latent = latent.flatten(2).transpose(1, 2)  # BCHW -> BNC
-        if self.layer_norm:
-            latent = self.norm(latent)
+        latent, grid = patch_tokens(self, latent)
         if self.pos_embed is None:
             return latent.to(latent.dtype)
         positions = self.__dict__["_vispos_table"]
@@ -182,12 +189,7 @@ class SchemePatchEmbed:
     """diffusers' ``PatchEmbed.forward`` without the model's table, with the scheme's additive table (if any)."""
 
     def forward(self, latent: torch.Tensor) -> torch.Tensor:
-        grid = (latent.shape[-2] // self.patch_size, latent.shape[-1] // self.patch_size)
-        latent = self.proj(latent)
-        if self.flatten:
-            latent = latent.flatten(2).transpose(1, 2)  # BCHW -> BNC
-        if self.layer_norm:
-            latent = self.norm(latent)
+        latent, grid = patch_tokens(self, latent)
         return self.__dict__["_vispos_positions"].add_to_patches(latent, grid)
 
 
@@ -224,18 +226,23 @@ def adopt_plain_checkpoint(model: nn.Module, state_dict: dict[str, Any], prefix:
     replaced the model's positions (``inherit=False``) are not in it and stay missing (strict loading names them)."""
     if any(k.startswith(f"{prefix}vispos.") for k in state_dict):
         return  # a vispos checkpoint: Positions checks its settings
-    for name, module in model.vispos.named_modules(prefix="vispos"):
-        if type(module).get_extra_state is not nn.Module.get_extra_state:
-            state_dict[f"{prefix}{name}._extra_state"] = module.get_extra_state()
+    state_dict.update(own_records(model.vispos, f"{prefix}vispos."))
 
 
-def report_host_module(transformer: nn.Module, base: type) -> None:
-    """The patched instance reports its diffusers class's module (``transformer.__module__``): a pipeline records
-    ``(library, class)`` from it in ``model_index.json``, so that diffusers' own ``from_pretrained`` reloads a pipeline
-    saved with a patched transformer (unpatched; ``vispos.diffusers.from_pretrained`` gives the patched one). Pickle
-    reads the class's own ``__module__``, which stays this module's. Also the pre-hook ``adopt_plain_checkpoint``."""
+def adopt_positions(transformer: nn.Module, positions: nn.Module, family: str, mixin: type) -> None:
+    """The last step of either patch: ``transformer`` takes ``positions`` (``vispos``, in its training mode), the
+    pre-hook ``adopt_plain_checkpoint`` and the patched class of ``mixin``. The instance reports its diffusers class's
+    module (``transformer.__module__``): a pipeline records ``(library, class)`` from it in ``model_index.json``, so
+    that diffusers' own ``from_pretrained`` reloads a pipeline saved with a patched transformer (unpatched;
+    ``vispos.diffusers.from_pretrained`` gives the patched one). Pickle reads the class's own ``__module__``, which
+    stays this module's."""
+    base = type(transformer)
+    transformer.vispos = positions.train(transformer.training)
+    transformer.vispos_family = family
+    transformer.vispos_parameters = forward_parameters(base)
     transformer.__dict__["__module__"] = base.__module__
     transformer._register_load_state_dict_pre_hook(adopt_plain_checkpoint, with_module=True)
+    transformer.__class__ = patched(base, mixin)
 
 
 def set_rope(module: nn.Module, rope: nn.Module) -> None:

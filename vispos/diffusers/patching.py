@@ -19,15 +19,7 @@ from ..host import PositionsHost
 from ..positions import Positions
 from ..registry import get_info
 from .families import FAMILIES, Family, find_transformer
-from .modules import (
-    ROPE_CLASSES,
-    PatchedPatchEmbed,
-    PatchedTransformer,
-    forward_parameters,
-    patched,
-    report_host_module,
-    set_rope,
-)
+from .modules import ROPE_CLASSES, PatchedPatchEmbed, PatchedTransformer, adopt_positions, patched, set_rope
 from .rotary import AxisRope
 from .schemes import patch_schemes
 from .sincos import SinCosTable
@@ -94,11 +86,7 @@ def patch(model: Any, pos: str | list[str] | tuple[str, ...], *, inherit: bool =
         module.__dict__["_vispos_table"] = table
         table.__dict__["_host_embed"] = module  # SD3's stored table, from its checkpoint (not a submodule of the table)
         module.__class__ = patched(type(module), PatchedPatchEmbed)
-    transformer.vispos = positions.train(transformer.training)
-    transformer.vispos_family = family.name
-    transformer.vispos_parameters = forward_parameters(type(transformer))
-    report_host_module(transformer, type(transformer))
-    transformer.__class__ = patched(type(transformer), PatchedTransformer)
+    adopt_positions(transformer, positions, family.name, PatchedTransformer)
     return model
 
 

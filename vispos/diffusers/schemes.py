@@ -28,7 +28,7 @@ from ..encodings.rope2d import Rope2d
 from ..host import HostShape, build_positions, plan_schemes
 from ..positions import PositionContext, Positions
 from .families import Family
-from .modules import SchemePatchEmbed, SchemeTransformer, forward_parameters, patched, report_host_module
+from .modules import SchemePatchEmbed, SchemeTransformer, adopt_positions, patched
 
 
 class SchemeAttnProcessor:
@@ -114,9 +114,5 @@ def patch_schemes(transformer: nn.Module, family: Family, pos: Any, options: dic
     embed.pos_embed = None  # the model's own table: the scheme's additive table takes its place
     embed.__dict__["_vispos_positions"] = positions
     embed.__class__ = patched(type(embed), SchemePatchEmbed)
-    transformer.vispos = positions.train(transformer.training)
-    transformer.vispos_family = family.name
-    transformer.vispos_parameters = forward_parameters(type(transformer))
-    report_host_module(transformer, type(transformer))
-    transformer.__class__ = patched(type(transformer), SchemeTransformer)
+    adopt_positions(transformer, positions, family.name, SchemeTransformer)
     return positions

@@ -17,7 +17,7 @@ from torch import nn
 from .. import host as hosting
 from .._validate import check_bool
 from ..host import HostShape, warn
-from ..positions import Positions
+from ..positions import Positions, own_records
 from .families import FAMILIES, Family, attentions, find_host, own_rope, own_table, patch_conv, train_grid
 from .modules import FLASH_REFUSAL, NoRope, PatchedAttention, PatchedEmbeddings, PatchedHost, PositionsHost, patched
 from .towers import find_tower, patch_tower
@@ -193,9 +193,7 @@ def _adopt_plain_checkpoint(vision: nn.Module, state_dict: dict[str, Any], prefi
     if any(k.startswith(f"{prefix}vispos.") for k in state_dict):
         return  # a patched checkpoint: Positions checks its settings
     positions: Positions = vision.vispos
-    for name, module in positions.named_modules(prefix="vispos"):
-        if type(module).get_extra_state is not nn.Module.get_extra_state:
-            state_dict[f"{prefix}{name}._extra_state"] = module.get_extra_state()
+    state_dict.update(own_records(positions, f"{prefix}vispos."))
     if not hasattr(vision, "embeddings"):  # a VLM tower: no table of its own
         return
     family = FAMILIES[vision.embeddings.vispos_family]

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 from .context import PositionContext
 from .module import Positions
-from .settings import canonical_options, differing_options, plain, position_differences, same_positions
+from .settings import canonical_options, differing_options, own_records, plain, position_differences, same_positions
 
 __all__ = [
     "PositionContext",
     "Positions",
     "canonical_options",
     "differing_options",
+    "own_records",
     "plain",
     "position_differences",
     "same_positions",

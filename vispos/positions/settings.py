@@ -101,6 +101,15 @@ def _describe(settings: dict[str, Any], differing: set[str]) -> str:
     return f"{' + '.join(settings['pos'])}({options}) at a {h}x{w} training grid"
 
 
+def own_records(positions: nn.Module, prefix: str = "vispos.") -> dict[str, torch.Tensor]:
+    """The settings records of ``positions`` and of every module under it that keeps one, keyed as a state dict holds
+    them under ``prefix``: what a host gives a plain checkpoint, which has none, so that the model keeps its settings
+    (any host's positional module: ``Positions``, Swin's per-stage one)."""
+    return {f"{prefix}{name}{'.' if name else ''}_extra_state": module.get_extra_state()
+            for name, module in positions.named_modules()
+            if type(module).get_extra_state is not nn.Module.get_extra_state}  # fmt: skip
+
+
 class SettingsRecord:
     """``Positions``' state-dict record (a mixin of ``Positions``): its settings saved as a tensor, read back
     and checked against the model's own when a checkpoint loads."""

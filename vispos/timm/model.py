@@ -31,7 +31,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..host import PositionsHost
-from ..positions import PositionContext, Positions
+from ..positions import PositionContext, Positions, own_records
 from .attention import require_context
 from .inherit import timm_freqs
 from .pruning import PrunesPositions
@@ -194,9 +194,7 @@ def adopt_timm_checkpoint(model: PatchedViT, state_dict: dict[str, Any], prefix:
     another scheme). The model's own vispos settings stay."""
     if any(k.startswith(f"{prefix}vispos.") for k in state_dict):
         return  # a vispos checkpoint: its settings are checked by Positions._load_from_state_dict
-    for name, module in model.vispos.named_modules(prefix="vispos"):  # settings records: the model's own
-        if type(module).get_extra_state is not nn.Module.get_extra_state:
-            state_dict[f"{prefix}{name}._extra_state"] = module.get_extra_state()
+    state_dict.update(own_records(model.vispos, f"{prefix}vispos."))  # settings records: the model's own
     _adopt_rope_freqs(model, state_dict, prefix)
     key = next((k for k in (f"{prefix}pos_embed", f"{prefix}embeds.pos_embed") if k in state_dict), None)
     if key is None:
